@@ -1,0 +1,11 @@
+"""zephon.nodes: the operator library (pack, shuffle, batch, tokenize, ...).
+
+Every operator is a :class:`zephon.ZNode`: the torchdata ``BaseNode`` contract plus ``close()``,
+a tagged JSON state with the same keys at every step, and flush-and-replay checkpointing.
+Operators use only zephon's public API, so a user's own operator is a first-class citizen.
+"""
+
+from .batch import Batch
+from .shuffle import WindowShuffle
+
+__all__ = ["Batch", "WindowShuffle"]

@@ -1,0 +1,60 @@
+"""Per-lane micro-batches: stack rows into arrays."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from zephon import Accumulator
+
+__all__ = ["Batch", "stack_rows"]
+
+
+def stack_rows(rows: Sequence[Any]) -> Any:
+    """Dicts of equal-shape arrays -> dict of stacked arrays; other values -> lists."""
+    first = rows[0]
+    if isinstance(first, dict):
+        return {k: stack_rows([r[k] for r in rows]) for k in first}
+    if isinstance(first, np.ndarray):
+        return np.stack(rows)
+    if isinstance(first, (int, float, np.integer, np.floating)):
+        return np.asarray(rows)
+    return list(rows)
+
+
+class Batch(Accumulator):
+    """Group ``batch_size`` rows into one micro-batch (a full batch is a flush point).
+
+    ``drop_last`` drops a final partial batch so every step has the same shape.
+    """
+
+    node_type = "batch"
+
+    def __init__(self, source: BaseNode, *, batch_size: int, drop_last: bool = True) -> None:
+        super().__init__(source)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self._rows: List[Any] = []
+
+    def _repr_args(self):
+        yield f"batch_size={self.batch_size}"
+        yield f"drop_last={self.drop_last}"
+
+    def clear(self) -> None:
+        self._rows = []
+
+    def buffer_empty(self) -> bool:
+        return not self._rows
+
+    def accept(self, item: Any) -> None:
+        self._rows.append(item)
+        if len(self._rows) == self.batch_size:
+            self.flush()
+
+    def flush(self) -> None:
+        rows, self._rows = self._rows, []
+        if rows and (len(rows) == self.batch_size or not self.drop_last):
+            self.emit(stack_rows(rows))

@@ -1,0 +1,64 @@
+"""Seeded per-lane shuffle of rows, checkpointed without its buffer."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from torchdata.nodes import BaseNode
+
+from zephon import Accumulator, lane_rng
+
+__all__ = ["WindowShuffle"]
+
+
+class WindowShuffle(Accumulator):
+    """Collect ``buffer`` items, emit them in a seeded random order, repeat.
+
+    The permutation of window w comes from the stream (seed, lane, "shuffle", epoch=0,
+    counter=w), so replaying a window reproduces it exactly. Every item is emitted exactly once
+    (unlike a reservoir buffer, nothing leaks across a checkpoint); a restore replays at most
+    one window.
+    """
+
+    node_type = "shuffle"
+
+    def __init__(self, source: BaseNode, *, buffer: int, seed: int, lane: int, name: str = "shuffle") -> None:
+        super().__init__(source)
+        if not isinstance(buffer, int) or buffer < 1:
+            raise ValueError(f"shuffle.buffer must be a positive integer (1 = no shuffle), got {buffer!r}")
+        self.buffer, self.seed, self.lane, self.name = buffer, seed, lane, name
+        self._items: List[Any] = []
+        self._window = 0
+
+    def _repr_args(self):
+        yield f"buffer={self.buffer}"
+        yield f"lane={self.lane}"
+
+    def clear(self) -> None:
+        self._items = []
+        self._window = 0
+
+    def buffer_empty(self) -> bool:
+        return not self._items
+
+    def extra_state(self) -> Dict[str, Any]:
+        return {"window": self._window}
+
+    def load_extra_state(self, extra: Dict[str, Any]) -> None:
+        self._window = int(extra["window"])
+
+    def accept(self, item: Any) -> None:
+        self._items.append(item)
+        if len(self._items) >= self.buffer:
+            self.flush()
+
+    def flush(self) -> None:
+        items, self._items = self._items, []
+        if not items:
+            return
+        order = lane_rng(self.seed, self.lane, self.name, 0, self._window).permutation(len(items))
+        for i in order:
+            self.emit(items[i])
+
+    def on_flush(self) -> None:
+        self._window += 1

@@ -1,0 +1,23 @@
+"""zephon: elastically deterministic data loading for PyTorch training.
+
+Global batch t is the same bytes on 1, 2, 4, ... 64 data-parallel ranks, with any number of
+loader workers, and after a resume on another number of ranks. See README.md.
+"""
+
+from .accumulator import Accumulator
+from .checkpoint import FORMAT_VERSION, decode_state, encode_state, lane_key, merge_states
+from .lanes import GlobalLoader, LaneContext, Router, batch_sha256, collate, lanes_of_rank, valid_world_sizes
+from .mapper import OrderedMapper, WorkerError
+from .node import PipelineError, StateError, ZNode
+from .permute import IndexPermutation
+from .seeding import lane_rng, seed_sequence, stable_u64
+from .workers import PoolSet, WorkerConfig, WorkerPool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Accumulator", "FORMAT_VERSION", "GlobalLoader", "IndexPermutation", "LaneContext", "OrderedMapper",
+    "PipelineError", "PoolSet", "Router", "StateError", "WorkerConfig", "WorkerError", "WorkerPool", "ZNode",
+    "batch_sha256", "collate", "decode_state", "encode_state", "lane_key", "lane_rng", "lanes_of_rank",
+    "merge_states", "seed_sequence", "stable_u64", "valid_world_sizes",
+]

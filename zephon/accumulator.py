@@ -1,0 +1,162 @@
+"""Accumulators: single-threaded stateful operators checkpointed by flush and replay.
+
+An accumulator sees every record of its lane in order and makes all stateful decisions (what
+to pack together, in which order to emit). It flushes, i.e. empties its buffer into its output
+queue, at points that are a deterministic function of its own input stream: every
+``flush_every`` inputs, wherever the operator's own logic empties it anyway, and at the end of
+the stream.
+
+Its checkpoint holds no buffer contents: just the upstream's state at the last point where the
+buffer and the output queue were both empty (the *anchor*), the operator's few counters at that
+point, and how many outputs it has delivered since. Restore rewinds the upstream to the anchor
+and replays, dropping the outputs that were already delivered. Replay cost is therefore bounded
+by one flush interval, whatever the step.
+
+Subclasses implement :meth:`accept` (consume one input, append complete outputs with
+:meth:`emit`), :meth:`flush` (emit or drop everything still held), and optionally
+:meth:`extra_state` / :meth:`load_extra_state` for small counters that must be known at the
+anchor (e.g. a window counter that keys a random stream).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Deque, Dict, List, Optional
+
+from torchdata.nodes import BaseNode
+
+from .node import StateError, ZNode
+
+__all__ = ["Accumulator"]
+
+
+class Accumulator(ZNode[Any]):
+    """Base class for stateful per-lane operators (pack, shuffle, batch...)."""
+
+    node_type = "accumulator"
+
+    def __init__(self, source: BaseNode, *, flush_every: Optional[int] = None) -> None:
+        super().__init__()
+        if flush_every is not None and (not isinstance(flush_every, int) or flush_every < 1):
+            raise ValueError(f"{type(self).__name__}: flush_every must be a positive integer or None, got {flush_every!r}")
+        self.source = source
+        self.flush_every = flush_every
+        self._out: Deque[Any] = collections.deque()
+        self._anchor: Optional[Dict[str, Any]] = None
+        self._anchor_extra: Dict[str, Any] = {}
+        self._since = 0  # outputs delivered since the anchor
+        self._inputs = 0  # inputs accepted since the last flush
+        self._pending_anchor = True
+        self._done = False
+        self.replayed = 0  # outputs re-generated on the last restore (observability)
+
+    # -- operator hooks ---------------------------------------------------------------------
+    def accept(self, item: Any) -> None:
+        """Consume one input; call ``self.emit(x)`` for every output it completes."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Empty the buffer: emit (or drop, as the operator defines) everything still held."""
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        """Forget buffer contents and set counters to their initial values (called on reset)."""
+
+    def buffer_empty(self) -> bool:
+        """True when the operator holds nothing; an anchor may be taken then."""
+        return True
+
+    def extra_state(self) -> Dict[str, Any]:
+        """Small counters needed to replay from the anchor (same keys at every step)."""
+        return {}
+
+    def load_extra_state(self, extra: Dict[str, Any]) -> None:
+        """Restore what :meth:`extra_state` returned."""
+
+    def on_flush(self) -> None:
+        """Called after every flush (e.g. to advance a window counter)."""
+
+    # -- machinery --------------------------------------------------------------------------
+    def emit(self, item: Any) -> None:
+        self._out.append(item)
+
+    def upstreams(self) -> List[BaseNode]:
+        return [self.source]
+
+    def _take_anchor(self) -> None:
+        self._anchor = self.source.state_dict()
+        self._anchor_extra = self.extra_state()
+        self._since = 0
+        self._pending_anchor = False
+
+    def _do_flush(self) -> None:
+        self.flush()
+        self._inputs = 0
+        self.on_flush()
+        if not self.buffer_empty():
+            raise RuntimeError(f"{self!r}: flush() left items in the buffer; it must empty it")
+        self._pending_anchor = True
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        super().reset(initial_state)
+        self._out.clear()
+        self.clear()
+        self._inputs = 0
+        self._done = False
+        self.replayed = 0
+        if initial_state is None:
+            self.source.reset(None)
+            self._take_anchor()
+            return
+        for key in ("anchor", "extra", "since"):
+            if key not in initial_state:
+                raise StateError(f"{self!r}: state has no {key!r} entry; it is truncated or not an accumulator state")
+        since = initial_state["since"]
+        if not isinstance(since, int) or since < 0:
+            raise StateError(f"{self!r}: 'since' must be a non-negative integer, got {since!r}")
+        self.source.reset(initial_state["anchor"])
+        self.load_extra_state(initial_state["extra"])
+        self._take_anchor()
+        for i in range(since):  # replay: regenerate and drop what was already delivered
+            try:
+                self._next_output()
+            except StopIteration:
+                raise StateError(
+                    f"{self!r}: replay ended after {i} of {since} outputs; the data changed since the "
+                    "checkpoint was written"
+                ) from None
+        self._since = since
+        self.replayed = since
+
+    def get_state(self) -> Dict[str, Any]:
+        if self._pending_anchor and not self._out and self.buffer_empty():
+            self._take_anchor()  # nothing held: the state is simply "here"
+        return self._tagged({"anchor": self._anchor, "extra": dict(self._anchor_extra), "since": self._since})
+
+    def _next_output(self) -> Any:
+        while not self._out:
+            if self._done:
+                raise StopIteration
+            if self._pending_anchor and self.buffer_empty():
+                self._take_anchor()
+            try:
+                item = next(self.source)
+            except StopIteration:
+                self._done = True
+                self._do_flush()
+                continue
+            self.accept(item)
+            self._inputs += 1
+            if self.flush_every is not None and self._inputs >= self.flush_every:
+                self._do_flush()
+            elif self.buffer_empty() and not self._pending_anchor:
+                # the operator emptied its buffer by itself: a free flush point
+                self._inputs = 0
+                self.on_flush()
+                self._pending_anchor = True
+        return self._out.popleft()
+
+    def next(self) -> Any:
+        out = self._next_output()
+        self._since += 1
+        return out

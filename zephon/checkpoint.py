@@ -1,0 +1,135 @@
+"""Lane-keyed checkpoints: JSON only, resharded by key, safe to load.
+
+A rank's state holds one entry per owned lane (``"lane_00007"``) plus entries that are equal on
+every rank (format version, lane count, recipe fingerprint, step). The states of any W ranks
+merge into one dict that any other W can load, because each rank simply takes its lanes' keys.
+For DCP, every entry is stored as JSON ``bytes`` (one value per lane: nothing nested for DCP to
+flatten). Parsing is bounded in size and never executes code (no pickle anywhere).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Iterable, Mapping
+
+from .node import StateError
+
+__all__ = [
+    "FORMAT_VERSION", "SHARED_KEY", "MAX_ENTRY_BYTES", "lane_key", "is_lane_key", "merge_states",
+    "encode_state", "decode_state", "save_state", "load_state", "parse_json", "migrate",
+]
+
+FORMAT_VERSION = 1
+SHARED_KEY = "zephon"
+MAX_ENTRY_BYTES = 1 << 20  # a lane state is ~1 KB; anything near this is corrupt or hostile
+
+
+def lane_key(lane: int) -> str:
+    return f"lane_{lane:05d}"
+
+
+def is_lane_key(key: str) -> bool:
+    return key.startswith("lane_") and key[5:].isdigit()
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} is not allowed in a zephon state")
+
+
+def parse_json(data: bytes | str, what: str, max_bytes: int = MAX_ENTRY_BYTES) -> Any:
+    """Parse one JSON document with a size bound; a clear StateError on anything else."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        raw = bytes(data)
+        if len(raw) > max_bytes:
+            raise StateError(f"{what}: {len(raw)} bytes is larger than any zephon state ({max_bytes}); refusing to parse it")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise StateError(f"{what}: not UTF-8 JSON ({e}); the checkpoint is corrupt or not a zephon checkpoint") from None
+    elif isinstance(data, str):
+        text = data
+        if len(text) > max_bytes:
+            raise StateError(f"{what}: larger than any zephon state; refusing to parse it")
+    else:
+        raise StateError(f"{what}: expected JSON bytes, got {type(data).__name__}")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:
+        raise StateError(f"{what}: corrupt or truncated JSON ({e}); restore from an earlier checkpoint") from None
+
+
+def merge_states(states: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Merge rank states: lane entries are unioned, shared entries must agree."""
+    merged: Dict[str, Any] = {}
+    for rank, st in enumerate(states):
+        for k, v in st.items():
+            if k in merged and merged[k] != v:
+                if is_lane_key(k):
+                    raise StateError(f"{k} appears in two rank states with different contents; these states are from different runs or steps")
+                raise StateError(f"shared entry {k!r} differs between rank states (rank {rank}: {v!r} vs {merged[k]!r}); these states are from different runs or steps")
+            merged[k] = v
+    return merged
+
+
+def encode_state(state: Mapping[str, Any]) -> Dict[str, bytes]:
+    """Router state -> ``{"zephon": meta JSON bytes, "lane_00007": lane JSON bytes, ...}`` for DCP."""
+    meta = {k: v for k, v in state.items() if not is_lane_key(k)}
+    out = {SHARED_KEY: json.dumps(meta, sort_keys=True, allow_nan=False).encode("utf-8")}
+    for k, v in state.items():
+        if is_lane_key(k):
+            out[k] = json.dumps(v, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return out
+
+
+def decode_state(encoded: Mapping[str, Any]) -> Dict[str, Any]:
+    """Inverse of :func:`encode_state`, validating every entry."""
+    if SHARED_KEY not in encoded:
+        raise StateError(f"checkpoint has no {SHARED_KEY!r} entry: it was not written by zephon, or is truncated")
+    meta = parse_json(encoded[SHARED_KEY], f"checkpoint entry {SHARED_KEY!r}")
+    if not isinstance(meta, dict):
+        raise StateError(f"checkpoint entry {SHARED_KEY!r} must be a JSON object")
+    state: Dict[str, Any] = dict(meta)
+    for k, v in encoded.items():
+        if k == SHARED_KEY:
+            continue
+        if not is_lane_key(k):
+            raise StateError(f"unexpected checkpoint entry {k!r}; expected {SHARED_KEY!r} and lane_NNNNN entries")
+        lane_state = parse_json(v, f"checkpoint entry {k!r}")
+        if not isinstance(lane_state, dict):
+            raise StateError(f"checkpoint entry {k!r} must be a JSON object")
+        state[k] = lane_state
+    return migrate(state)
+
+
+def migrate(state: Dict[str, Any]) -> Dict[str, Any]:
+    """Bring a state written by an older format version to the current one, explicitly."""
+    version = state.get("format_version")
+    if version == FORMAT_VERSION:
+        return state
+    if not isinstance(version, int):
+        raise StateError(f"checkpoint has no valid format_version ({version!r}); it is corrupt or not a zephon checkpoint")
+    if version > FORMAT_VERSION:
+        raise StateError(
+            f"checkpoint format_version {version} is newer than this zephon supports ({FORMAT_VERSION}); upgrade zephon to load it"
+        )
+    raise StateError(f"no migration from checkpoint format_version {version} to {FORMAT_VERSION}")
+
+
+def save_state(path: str | os.PathLike, state: Mapping[str, Any]) -> None:
+    """Write a (merged) state as one JSON file, atomically."""
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(state, f, sort_keys=True, indent=1, allow_nan=False)
+    os.replace(tmp, path)
+
+
+def load_state(path: str | os.PathLike) -> Dict[str, Any]:
+    """Read a state written by :func:`save_state`."""
+    limit = 256 * MAX_ENTRY_BYTES
+    with open(path, "rb") as f:
+        raw = f.read(limit + 1)
+    state = parse_json(raw, os.fspath(path), max_bytes=limit)
+    if not isinstance(state, dict):
+        raise StateError(f"{os.fspath(path)}: a zephon state is a JSON object")
+    return migrate(state)

@@ -1,0 +1,291 @@
+"""Lanes and the lane-to-rank router.
+
+A run has a fixed number L of lanes. Each lane is a pipeline built from a pure description (a
+function of a :class:`LaneContext`) and owns its work, operator state and random streams, so
+its output depends only on (recipe, seed, L, lane id). Rank r of W owns the contiguous lanes
+``[r*L/W, (r+1)*L/W)`` and its local batch at step t is their step-t outputs in lane order;
+global batch t is therefore the same bytes for every W that divides L.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from .checkpoint import FORMAT_VERSION, lane_key, merge_states
+from .node import StateError, ZNode
+from .seeding import lane_rng
+from .workers import PoolSet, WorkerConfig, WorkerPool
+
+__all__ = [
+    "LaneContext", "Router", "GlobalLoader", "valid_world_sizes", "lanes_of_rank", "collate",
+    "batch_sha256", "check_world_size",
+]
+
+
+def valid_world_sizes(lanes: int) -> List[int]:
+    return [w for w in range(1, lanes + 1) if lanes % w == 0]
+
+
+def check_world_size(lanes: int, world_size: int) -> None:
+    """Refuse a world size that does not divide the lane count, listing the valid ones."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world size must be a positive integer, got {world_size!r}")
+    if lanes % world_size:
+        raise ValueError(
+            f"{lanes} lanes cannot be split over {world_size} data-parallel ranks: the world size must "
+            f"divide the lane count. Valid world sizes for lanes = {lanes}: {valid_world_sizes(lanes)}. "
+            "The lane count is fixed for the life of a run; choose it up front as a multiple of every "
+            "DP size you may use (e.g. 64 or 256)."
+        )
+
+
+def lanes_of_rank(lanes: int, world_size: int, rank: int) -> range:
+    check_world_size(lanes, world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    per = lanes // world_size
+    return range(rank * per, (rank + 1) * per)
+
+
+@dataclass
+class LaneContext:
+    """What a lane's pipeline builder gets: its identity, seed and the rank's shared pools."""
+
+    seed: int
+    lane: int
+    lanes: int
+    workers: WorkerConfig = field(default_factory=WorkerConfig)
+    pools: PoolSet = field(default_factory=PoolSet)
+    lanes_on_rank: int = 1
+
+    def rng(self, op: str, epoch: int = 0, counter: int = 0) -> np.random.Generator:
+        """This lane's random stream for (operator, epoch, counter)."""
+        return lane_rng(self.seed, self.lane, op, epoch, counter)
+
+    def pool(self, config: Optional[WorkerConfig] = None) -> Optional[WorkerPool]:
+        """The rank's shared pool for ``config`` (default: the recipe's workers); None = inline."""
+        return self.pools.get(config or self.workers)
+
+    def max_in_flight(self, config: Optional[WorkerConfig] = None) -> int:
+        """Per-lane pending tasks so the shared pool stays busy without lanes multiplying memory."""
+        count = (config or self.workers).count
+        if count == 0:
+            return 1
+        return max(2, math.ceil(2 * count / max(1, self.lanes_on_rank)))
+
+
+def collate(items: Sequence[Any]) -> Any:
+    """Concatenate lane micro-batches in lane order (dicts of arrays, arrays, or lists)."""
+    first = items[0]
+    if isinstance(first, dict):
+        return {k: collate([it[k] for it in items]) for k in first}
+    if isinstance(first, np.ndarray):
+        return np.concatenate(items, axis=0)
+    if isinstance(first, list):
+        return [x for it in items for x in it]
+    try:
+        import torch
+
+        if isinstance(first, torch.Tensor):
+            return torch.cat(list(items), dim=0)
+    except ImportError:  # pragma: no cover
+        pass
+    return list(items)
+
+
+def batch_sha256(batch: Any) -> str:
+    """SHA-256 of a batch: per field in sorted name order its name, dtype, shape and bytes."""
+    h = hashlib.sha256()
+
+    def feed(name: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k in sorted(value):
+                feed(f"{name}.{k}" if name else str(k), value[k])
+            return
+        if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
+            value = value.detach().cpu().numpy()
+        if isinstance(value, np.ndarray):
+            arr = np.ascontiguousarray(value)
+            h.update(name.encode())
+            h.update(str(arr.dtype.str).encode())
+            h.update(repr(tuple(arr.shape)).encode())
+            h.update(arr.tobytes())
+        else:
+            h.update(name.encode())
+            h.update(repr(value).encode())
+
+    feed("", batch)
+    return h.hexdigest()
+
+
+LaneBuilder = Callable[[LaneContext], BaseNode]
+
+
+class Router(ZNode[Any]):
+    """One rank's view of the run: its lanes, merged in lane order into its local batch.
+
+    ``build_lane(ctx)`` builds one lane's pipeline; it is called lazily for each owned lane.
+    The state is lane-keyed (see :mod:`zephon.checkpoint`), so the states of any W ranks can
+    be merged and loaded by any other W.
+    """
+
+    node_type = "router"
+
+    def __init__(
+        self,
+        build_lane: LaneBuilder,
+        *,
+        lanes: int,
+        world_size: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        fingerprint: str = "",
+        workers: Optional[WorkerConfig] = None,
+        pools: Optional[PoolSet] = None,
+        collate_fn: Callable[[Sequence[Any]], Any] = collate,
+    ) -> None:
+        super().__init__()
+        if not isinstance(lanes, int) or lanes < 1:
+            raise ValueError(f"lanes must be a positive integer, got {lanes!r}")
+        self.owned = lanes_of_rank(lanes, world_size, rank)
+        self.build_lane = build_lane
+        self.lanes, self.world_size, self.rank, self.seed = lanes, world_size, rank, seed
+        self.fingerprint = fingerprint
+        self.workers = workers or WorkerConfig()
+        self._own_pools = pools is None
+        self.pools = pools if pools is not None else PoolSet()
+        self.collate_fn = collate_fn
+        self._lanes: Optional[List[BaseNode]] = None
+        self.step = 0
+
+    def _repr_args(self):
+        yield f"lanes={self.lanes}"
+        yield f"rank={self.rank}/{self.world_size} owns {self.owned.start}..{self.owned.stop - 1}"
+        yield f"workers={self.workers.count} {self.workers.backend}"
+
+    def upstreams(self) -> List[BaseNode]:
+        return list(self._lanes or [])
+
+    @property
+    def lane_nodes(self) -> List[BaseNode]:
+        if self._lanes is None:
+            self._lanes = [
+                self.build_lane(
+                    LaneContext(
+                        seed=self.seed, lane=l, lanes=self.lanes, workers=self.workers, pools=self.pools,
+                        lanes_on_rank=len(self.owned),
+                    )
+                )
+                for l in self.owned
+            ]
+        return self._lanes
+
+    def check_compatible(self, state: Dict[str, Any]) -> None:
+        """Refuse a state from another run configuration, naming what changed."""
+        fv = state.get("format_version")
+        if fv != FORMAT_VERSION:
+            raise StateError(
+                f"checkpoint format_version is {fv!r}, this zephon reads {FORMAT_VERSION}; "
+                "load it through zephon.checkpoint.decode_state/migrate"
+            )
+        if state.get("lanes") != self.lanes:
+            raise StateError(
+                f"the checkpoint was written with lanes = {state.get('lanes')!r} but the pipeline has lanes = "
+                f"{self.lanes}. The lane count is fixed for the life of a run: set lanes = {state.get('lanes')!r} "
+                "to resume, or start a new run without the checkpoint."
+            )
+        if state.get("seed") != self.seed:
+            raise StateError(
+                f"the checkpoint was written with seed = {state.get('seed')!r} but the pipeline has seed = "
+                f"{self.seed}; set seed = {state.get('seed')!r} to resume, or start a new run."
+            )
+        if state.get("fingerprint") != self.fingerprint:
+            raise StateError(
+                f"the recipe changed since the checkpoint was written (fingerprint {state.get('fingerprint')!r} "
+                f"vs {self.fingerprint!r}): resuming would feed different data. Restore the original recipe, "
+                "or start a new run."
+            )
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        super().reset(initial_state)
+        nodes = self.lane_nodes
+        if initial_state is None:
+            for n in nodes:
+                n.reset(None)
+            self.step = 0
+            return
+        self.check_compatible(initial_state)
+        missing = [lane_key(l) for l in self.owned if lane_key(l) not in initial_state]
+        if missing:
+            raise StateError(
+                f"rank {self.rank}/{self.world_size} needs {len(missing)} lane entries that the checkpoint lacks "
+                f"(first: {missing[0]}); merge the states of all ranks that wrote it (zephon.checkpoint.merge_states)"
+            )
+        step = initial_state.get("step")
+        if not isinstance(step, int) or step < 0:
+            raise StateError(f"checkpoint 'step' must be a non-negative integer, got {step!r}")
+        for l, n in zip(self.owned, nodes):
+            n.reset(initial_state[lane_key(l)])
+        self.step = step
+
+    def next(self) -> Any:
+        outs = [next(n) for n in self.lane_nodes]
+        self.step += 1
+        return self.collate_fn(outs)
+
+    def get_state(self) -> Dict[str, Any]:
+        state: Dict[str, Any] = self._tagged(
+            {"format_version": FORMAT_VERSION, "lanes": self.lanes, "seed": self.seed,
+             "fingerprint": self.fingerprint, "step": self.step}
+        )
+        for l, n in zip(self.owned, self.lane_nodes):
+            state[lane_key(l)] = n.state_dict()
+        return state
+
+    def _close_own(self) -> None:
+        if self._own_pools:
+            # lanes first (they cancel pending tasks), then the pools they shared
+            for n in self._lanes or []:
+                close = getattr(n, "close", None)
+                if close is not None:
+                    close()
+            self.pools.close()
+
+
+class GlobalLoader:
+    """W routers in one process: global batches and merged states, for tests and ``zephon hashes``."""
+
+    def __init__(self, build_lane: LaneBuilder, *, lanes: int, world_size: int, **router_kwargs: Any) -> None:
+        check_world_size(lanes, world_size)
+        self.routers = [
+            Router(build_lane, lanes=lanes, world_size=world_size, rank=r, **router_kwargs) for r in range(world_size)
+        ]
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        return collate([next(r) for r in self.routers])
+
+    def state_dict(self) -> Dict[str, Any]:
+        return merge_states(r.state_dict() for r in self.routers)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        for r in self.routers:
+            r.reset(state)
+
+    def close(self) -> None:
+        for r in self.routers:
+            r.close()
+
+    def __enter__(self) -> "GlobalLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

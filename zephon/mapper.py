@@ -1,0 +1,273 @@
+"""The ordered-parallel mapper: a stateless function over a lane's records, N workers, input order.
+
+Items are pulled from upstream by the consumer's thread in chunks, each chunk is one task on a
+thread or process pool (possibly shared with other lanes), and results come back strictly in
+input order. So the output never depends on the worker count or backend: parallelism is a pure
+performance knob. Memory is bounded by ``max_in_flight`` chunks; when they are all pending, the
+consumer waits (backpressure) and nothing more is read.
+
+Checkpoint: the upstream's state at the start of the chunk being delivered plus the number of
+items delivered since. Restore resets upstream there and skips those items *without* mapping
+them, so replay costs at most one chunk of upstream reads.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import traceback
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
+
+from torchdata.nodes import BaseNode
+
+from .node import PipelineError, StateError, ZNode
+from .workers import WorkerConfig, WorkerPool
+
+__all__ = ["OrderedMapper", "describe_item", "WorkerError"]
+
+
+class WorkerError(PipelineError):
+    """A user function failed on a record; the message names the lane and the record."""
+
+
+def describe_item(item: Any, limit: int = 160) -> str:
+    """A short provenance string for an item: its ``provenance`` if it has one, else its repr."""
+    prov = getattr(item, "provenance", None)
+    if prov is None and isinstance(item, dict):
+        prov = item.get("provenance")
+    if prov is not None:
+        return str(prov() if callable(prov) else prov)
+    text = repr(item)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> tuple:
+    """Worker side: run the function, never let an exception escape unlabelled."""
+    if is_batch:
+        try:
+            out = fn(list(items))
+        except BaseException:  # find the failing item by running them one at a time
+            done: List[Any] = []
+            for i, item in enumerate(items):
+                try:
+                    done.extend(fn([item]))
+                except BaseException as e:
+                    return ("err", i, f"{type(e).__name__}: {e}", traceback.format_exc(), done)
+            return ("err", 0, "the batch function failed on the chunk but on no item alone", traceback.format_exc(), [])
+        if not isinstance(out, (list, tuple)) or len(out) != len(items):
+            got = len(out) if isinstance(out, (list, tuple)) else type(out).__name__
+            return ("err", 0, f"batch function must return a list with one result per item ({len(items)}), got {got}", "", [])
+        return ("ok", list(out))
+    results: List[Any] = []
+    for i, item in enumerate(items):
+        try:
+            results.append(fn(item))
+        except BaseException as e:
+            return ("err", i, f"{type(e).__name__}: {e}", traceback.format_exc(), results)
+    return ("ok", results)
+
+
+class _Deferred:
+    """Inline execution: computes when the result is asked for (workers=0)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._fn, self._args = fn, args
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        return self._fn(*self._args)
+
+    def cancel(self) -> bool:
+        return True
+
+
+class _Task:
+    __slots__ = ("start", "anchor", "items", "future")
+
+    def __init__(self, start: int, anchor: Dict[str, Any], items: List[Any], future: Any) -> None:
+        self.start, self.anchor, self.items, self.future = start, anchor, items, future
+
+
+class OrderedMapper(ZNode[Any]):
+    """Apply ``fn`` (per item) or ``batch_fn`` (per list, elementwise) with N workers, in order.
+
+    ``pool`` is a shared :class:`WorkerPool` (not closed by this node); without one, a private
+    pool is made from ``workers`` and closed with the node. ``chunk_size`` items go to a worker
+    per task; at most ``max_in_flight`` tasks are pending.
+    """
+
+    node_type = "ordered_map"
+
+    def __init__(
+        self,
+        source: BaseNode,
+        fn: Optional[Callable[[Any], Any]] = None,
+        *,
+        batch_fn: Optional[Callable[[List[Any]], List[Any]]] = None,
+        workers: Optional[WorkerConfig] = None,
+        pool: Optional[WorkerPool] = None,
+        chunk_size: int = 16,
+        max_in_flight: Optional[int] = None,
+        name: str = "map",
+        lane: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        if (fn is None) == (batch_fn is None):
+            raise ValueError("OrderedMapper needs exactly one of fn= (per item) or batch_fn= (per list)")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.source = source
+        self.fn = batch_fn if batch_fn is not None else fn
+        self.is_batch = batch_fn is not None
+        self.workers = workers or (pool.config if pool is not None else WorkerConfig())
+        self._own_pool = pool is None and self.workers.count > 0
+        self.pool = pool if pool is not None else (WorkerPool(self.workers) if self.workers.count > 0 else None)
+        self.chunk_size = chunk_size
+        if max_in_flight is None:
+            max_in_flight = 1 if self.pool is None else 2 * self.workers.count
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.max_in_flight = max_in_flight
+        self.name = name
+        self.lane = lane
+        self._tasks: Deque[_Task] = collections.deque()
+        self._current: Optional[_Task] = None
+        self._results: List[Any] = []
+        self._pos = 0  # position within the current task's results
+        self._pulled = 0  # items pulled from upstream
+        self._delivered = 0
+        self._exhausted = False
+        self._error: Optional[WorkerError] = None
+
+    def upstreams(self) -> List[BaseNode]:
+        return [self.source]
+
+    def _repr_args(self):
+        yield self.name
+        yield f"workers={self.workers.count} {self.workers.backend}"
+        yield f"chunk={self.chunk_size}"
+        if self.lane is not None:
+            yield f"lane={self.lane}"
+
+    # -- contract ---------------------------------------------------------------------------
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        super().reset(initial_state)
+        self._cancel_pending()
+        self._current, self._results, self._pos = None, [], 0
+        self._exhausted = False
+        self._error = None
+        if initial_state is None:
+            self.source.reset(None)
+            self._pulled = self._delivered = 0
+            return
+        since = initial_state.get("since")
+        if not isinstance(since, int) or since < 0:
+            raise StateError(f"{self!r}: 'since' must be a non-negative integer, got {since!r}")
+        self.source.reset(initial_state["anchor"])
+        self._pulled = self._delivered = 0
+        for i in range(since):  # skip what was delivered, without mapping it
+            try:
+                next(self.source)
+            except StopIteration:
+                raise StateError(
+                    f"{self!r}: the upstream ended after {i} of the {since} items to skip on restore; "
+                    "the data changed since the checkpoint was written"
+                ) from None
+        self._pulled = self._delivered = since
+
+    def get_state(self) -> Dict[str, Any]:
+        if self._current is not None and self._pos < len(self._current.items):
+            anchor, since = self._current.anchor, self._pos
+        elif self._tasks:
+            anchor, since = self._tasks[0].anchor, 0
+        else:
+            anchor, since = self.source.state_dict(), 0
+        return self._tagged({"anchor": anchor, "since": since})
+
+    def next(self) -> Any:
+        while self._current is None or self._pos >= len(self._results):
+            if self._error is not None:
+                raise self._error
+            self._fill()
+            if not self._tasks:
+                self._current = None
+                raise StopIteration
+            self._current = self._tasks.popleft()
+            self._results = self._collect(self._current)
+            self._pos = 0
+            self._fill()
+        out = self._results[self._pos]
+        self._results[self._pos] = None  # free memory early
+        self._pos += 1
+        self._delivered += 1
+        return out
+
+    # -- internals --------------------------------------------------------------------------
+    def _fill(self) -> None:
+        while not self._exhausted and len(self._tasks) < self.max_in_flight:
+            anchor = self.source.state_dict()
+            items: List[Any] = []
+            try:
+                while len(items) < self.chunk_size:
+                    items.append(next(self.source))
+            except StopIteration:
+                self._exhausted = True
+            if not items:
+                break
+            if self.pool is None:
+                fut: Any = _Deferred(_run_chunk, self.fn, self.is_batch, items)
+            else:
+                try:
+                    fut = self.pool.submit(_run_chunk, self.fn, self.is_batch, items)
+                except BrokenProcessPool as e:
+                    raise self._died(items[0]) from e
+            self._tasks.append(_Task(self._pulled, anchor, items, fut))
+            self._pulled += len(items)
+
+    def _died(self, item: Any) -> PipelineError:
+        return PipelineError(
+            f"{self._where()}: a worker process died (killed by a signal, or out of memory) while "
+            f"mapping the chunk starting at {describe_item(item)}. All workers of this pool were "
+            "stopped. Check the system log for the OOM killer, or run with workers.backend = "
+            "\"thread\" to debug."
+        )
+
+    def _where(self) -> str:
+        lane = f"lane {self.lane}, " if self.lane is not None else ""
+        return f"{self.name} ({lane}{self.workers.count} {self.workers.backend} workers)"
+
+    def _collect(self, task: _Task) -> List[Any]:
+        try:
+            res = task.future.result(timeout=self.workers.timeout_s)
+        except cf.TimeoutError:
+            raise PipelineError(
+                f"{self._where()}: no result within {self.workers.timeout_s:g} s for the chunk starting "
+                f"at {describe_item(task.items[0])} (source position {task.start}); a worker seems "
+                "hung in the user function. Fix the function, or raise workers.timeout_s if the work "
+                "is legitimately that slow."
+            ) from None
+        except BrokenProcessPool as e:
+            raise self._died(task.items[0]) from e
+        except cf.CancelledError:
+            raise PipelineError(f"{self._where()}: the worker pool was shut down while a task was pending") from None
+        if res[0] == "ok":
+            return res[1]
+        _, idx, msg, tb, partial = res
+        item = task.items[idx]
+        self._exhausted = True
+        self._cancel_pending()
+        self._error = WorkerError(
+            f"{self._where()}: {msg}\n  while mapping {describe_item(item)} "
+            f"(source position {task.start + idx} of this lane)\n  worker traceback:\n{tb}"
+        )
+        return list(partial)  # the records before the failing one are still delivered, in order
+
+    def _cancel_pending(self) -> None:
+        for t in self._tasks:
+            t.future.cancel()
+        self._tasks.clear()
+
+    def _close_own(self) -> None:
+        self._cancel_pending()
+        if self._own_pool and self.pool is not None:
+            self.pool.close()

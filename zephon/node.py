@@ -1,0 +1,109 @@
+"""The node contract every zephon operator follows.
+
+A :class:`ZNode` is a ``torchdata.nodes.BaseNode`` (``next``, ``get_state``, ``reset``) that is
+started lazily, has an explicit idempotent :meth:`ZNode.close`, a readable ``repr`` and a JSON
+state tagged with its node type and format version. Composite nodes list their inputs in
+``upstreams()`` so closing the last node of a pipeline closes all of it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, Dict, Iterable, List, Optional, TypeVar
+
+from torchdata.nodes import BaseNode
+
+T = TypeVar("T")
+
+__all__ = ["ZNode", "StateError", "PipelineError", "check_state", "json_roundtrip"]
+
+
+class StateError(ValueError):
+    """A state or checkpoint that cannot be restored (wrong node, version, recipe, corrupt)."""
+
+
+class PipelineError(RuntimeError):
+    """A failure inside a pipeline, with the lane and source position it happened at."""
+
+
+def check_state(node: "ZNode", state: Dict[str, Any]) -> None:
+    """Refuse a state written by another node type or an unknown format version."""
+    if not isinstance(state, dict):
+        raise StateError(f"{node!r}: expected a state dict, got {type(state).__name__}")
+    tag = state.get("type")
+    if tag != node.node_type:
+        raise StateError(
+            f"{node!r}: this state belongs to a node of type {tag!r}, not {node.node_type!r}. "
+            "The pipeline was built differently from the one that wrote the checkpoint; "
+            "rebuild it from the same recipe."
+        )
+    version = state.get("version")
+    if version != node.state_version:
+        raise StateError(
+            f"{node!r}: state format version {version!r} is not supported "
+            f"(this zephon writes version {node.state_version}). Use the zephon release that "
+            "wrote the checkpoint, or migrate it with zephon.checkpoint.migrate()."
+        )
+
+
+def json_roundtrip(state: Dict[str, Any]) -> Dict[str, Any]:
+    """Serialise and parse a state, proving it is plain JSON."""
+    return json.loads(json.dumps(state, sort_keys=True, allow_nan=False))
+
+
+class ZNode(BaseNode[T]):
+    """Base for zephon nodes: lazy start, explicit ``close()``, tagged JSON state.
+
+    Subclasses implement ``reset`` (calling ``super().reset``), ``next`` and ``get_state``
+    (returning ``self._tagged({...})``), and list their inputs in ``upstreams``.
+    """
+
+    node_type: ClassVar[str] = "znode"
+    state_version: ClassVar[int] = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._closed = False
+
+    # -- contract helpers -------------------------------------------------------------------
+    def _tagged(self, body: Dict[str, Any]) -> Dict[str, Any]:
+        out = {"type": self.node_type, "version": self.state_version}
+        out.update(body)
+        return out
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        if self._closed:
+            raise PipelineError(f"{self!r} was closed; build a new pipeline instead of reusing it")
+        if initial_state is not None:
+            check_state(self, initial_state)
+        super().reset(initial_state)
+
+    def upstreams(self) -> List[BaseNode]:
+        """The nodes this node reads from (closed with it)."""
+        return []
+
+    def close(self) -> None:
+        """Stop threads/processes owned by this node and its upstreams. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_own()
+        for up in self.upstreams():
+            close = getattr(up, "close", None)
+            if close is not None:
+                close()
+
+    def _close_own(self) -> None:
+        """Release this node's own resources (override)."""
+
+    def __enter__(self) -> "ZNode[T]":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _repr_args(self) -> Iterable[str]:
+        return ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(self._repr_args())})"

@@ -1,0 +1,132 @@
+"""Worker pools shared by all lanes of a rank.
+
+One pool of threads or processes per (backend, size) per rank: lanes submit their tasks to it
+and put the results back in their own order, so 256 lanes on one rank do not mean 256 pools.
+Pools are closed explicitly (never through ``__del__``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+__all__ = ["WorkerConfig", "WorkerPool", "PoolSet", "BACKENDS"]
+
+BACKENDS = ("thread", "process")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How many workers an operator uses and of which kind. Never changes the data.
+
+    ``count=0`` runs the work inline in the consumer's thread. ``timeout_s`` bounds how long the
+    consumer waits for one task before it reports a hung worker.
+    """
+
+    count: int = 0
+    backend: str = "thread"
+    timeout_s: float = 300.0
+    start_method: str = "forkserver"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 0:
+            raise ValueError(f"workers.count must be an integer >= 0 (0 = inline), got {self.count!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"workers.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"workers.timeout_s must be > 0 seconds, got {self.timeout_s!r}")
+        if self.start_method not in mp.get_all_start_methods():
+            raise ValueError(
+                f"workers.start_method {self.start_method!r} is not available here; "
+                f"use one of {mp.get_all_start_methods()}"
+            )
+
+
+class WorkerPool:
+    """A lazily started thread or process pool with an idempotent ``close()``."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        if config.count < 1:
+            raise ValueError("a WorkerPool needs count >= 1; use inline execution for count=0")
+        self.config = config
+        self._executor: Optional[cf.Executor] = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def executor(self) -> cf.Executor:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self!r} is closed")
+            if self._executor is None:
+                if self.config.backend == "thread":
+                    self._executor = cf.ThreadPoolExecutor(self.config.count, thread_name_prefix="zephon-worker")
+                else:
+                    ctx = mp.get_context(self.config.start_method)
+                    if self.config.start_method == "forkserver":
+                        # children fork from a server that imported zephon once: fast starts,
+                        # and no fork of this (threaded) process
+                        ctx.set_forkserver_preload(["zephon"])
+                    self._executor = cf.ProcessPoolExecutor(self.config.count, mp_context=ctx)
+            return self._executor
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
+        return self.executor.submit(fn, *args)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            ex, self._executor = self._executor, None
+        if ex is None:
+            return
+        if isinstance(ex, cf.ProcessPoolExecutor):
+            procs = list(getattr(ex, "_processes", {}).values())
+            ex.shutdown(wait=False, cancel_futures=True)
+            for p in procs:
+                p.join(timeout=2)
+                if p.is_alive():  # hung in user code: stop it
+                    p.terminate()
+                    p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+            # let the executor's management thread finish
+            ex.shutdown(wait=True)
+        else:
+            ex.shutdown(wait=True, cancel_futures=True)
+
+    def __repr__(self) -> str:
+        return f"WorkerPool({self.config.count} {self.config.backend}s)"
+
+
+class PoolSet:
+    """The pools of one rank, keyed by (backend, count, start method): shared by its lanes."""
+
+    def __init__(self) -> None:
+        self._pools: Dict[Tuple[str, int, str], WorkerPool] = {}
+        self._lock = threading.Lock()
+
+    def get(self, config: WorkerConfig) -> Optional[WorkerPool]:
+        """The shared pool for ``config``, or None for inline execution."""
+        if config.count == 0:
+            return None
+        key = (config.backend, config.count, config.start_method)
+        with self._lock:
+            pool = self._pools.get(key)
+            if pool is None or pool._closed:
+                pool = self._pools[key] = WorkerPool(config)
+            return pool
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for p in pools:
+            p.close()
+
+    def __repr__(self) -> str:
+        return f"PoolSet({list(self._pools.values())})"
