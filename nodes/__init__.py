@@ -6,6 +6,8 @@ Operators use only zephon's public API, so a user's own operator is a first-clas
 """
 
 from .batch import Batch
+from .pack import Pack
 from .shuffle import WindowShuffle
+from .tokenize import FetchTokenize, TokDoc
 
-__all__ = ["Batch", "WindowShuffle"]
+__all__ = ["Batch", "FetchTokenize", "Pack", "TokDoc", "WindowShuffle"]

@@ -109,5 +109,5 @@ def test_router_repr_and_state_keys():
     assert "owns 2..3" in repr(r)
     keys = set(r.state_dict())
     next(r)
-    assert set(r.state_dict()) == keys == {"type", "version", "format_version", "lanes", "seed", "fingerprint", "step", "lane_00002", "lane_00003"}
+    assert set(r.state_dict()) == keys == {"type", "version", "format_version", "lanes", "seed", "fingerprint", "step", "shared", "lane_00002", "lane_00003"}
     r.close()

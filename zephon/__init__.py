@@ -15,9 +15,20 @@ from .workers import PoolSet, WorkerConfig, WorkerPool
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # Recipe sits on top of the engine and the operator library; import it lazily so that
+    # `import zephon` (the core) never imports zephon.nodes.
+    if name in ("Recipe", "RecipeError"):
+        from . import recipe
+
+        return getattr(recipe, name)
+    raise AttributeError(f"module 'zephon' has no attribute {name!r}")
+
+
 __all__ = [
     "Accumulator", "FORMAT_VERSION", "GlobalLoader", "IndexPermutation", "LaneContext", "OrderedMapper",
-    "PipelineError", "PoolSet", "Router", "StateError", "WorkerConfig", "WorkerError", "WorkerPool", "ZNode",
+    "PipelineError", "PoolSet", "Recipe", "RecipeError", "Router", "StateError", "WorkerConfig", "WorkerError", "WorkerPool", "ZNode",
     "batch_sha256", "collate", "decode_state", "encode_state", "lane_key", "lane_rng", "lanes_of_rank",
     "merge_states", "seed_sequence", "stable_u64", "valid_world_sizes",
 ]

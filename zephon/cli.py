@@ -1,48 +1,204 @@
-"""The ``zephon`` command line."""
+"""The ``zephon`` command line: ``demo``, ``hashes``, ``inspect``."""
 
 from __future__ import annotations
 
 import argparse
-import functools
+import os
 import sys
-from typing import List, Optional
+import time
+from typing import Any, Dict, List, Optional
 
-__all__ = ["main"]
+import numpy as np
+
+__all__ = ["main", "run_hashes", "describe_plan", "format_row"]
+
+STATE_FILE = "zephon_state.json"
 
 
-def _toy_demo(steps: int = 6, lanes: int = 8) -> int:
-    from zephon import GlobalLoader, WorkerConfig, batch_sha256, decode_state, encode_state
-    from zephon.testing import toy_lane
+def _workers(recipe: Any, count: Optional[int], backend: Optional[str]):
+    from zephon import WorkerConfig
 
-    lane = functools.partial(toy_lane, n=None)
-    print(f"synthetic pipeline: {lanes} lanes, range source -> ordered map -> toy packer -> shuffle -> batch")
-    table = {}
+    w = recipe.workers
+    return WorkerConfig(count=w.count if count is None else count, backend=backend or w.backend,
+                        timeout_s=w.timeout_s, start_method=w.start_method)
+
+
+def run_hashes(recipe: Any, *, world_size: int = 1, steps: int = 10, workers: Any = None,
+               save_at: Optional[int] = None, checkpoint: Optional[str] = None, resume: Optional[str] = None,
+               out=sys.stdout) -> List[str]:
+    """Print ``step <t> <sha256>`` for each global batch; optionally save or resume lane-keyed state."""
+    from zephon import batch_sha256
+    from zephon.checkpoint import load_state, save_state
+
+    hashes = []
+    with recipe.global_loader(world_size, workers=workers) as g:
+        start = 0
+        if resume:
+            state = load_state(os.path.join(resume, STATE_FILE) if os.path.isdir(resume) else resume)
+            g.load_state_dict(state)
+            start = int(state["step"])
+        for t in range(start, start + steps):
+            h = batch_sha256(next(g))
+            hashes.append(h)
+            print(f"step {t} {h}", file=out, flush=True)
+            if save_at is not None and t + 1 == save_at:
+                os.makedirs(checkpoint, exist_ok=True)
+                save_state(os.path.join(checkpoint, STATE_FILE), g.state_dict())
+    return hashes
+
+
+def format_row(tokenizer: Any, row: Dict[str, np.ndarray], dataset_names: List[str], width: int = 400) -> str:
+    """A packed row as text: documents separated by ' ‖ ', dataset tags, padding counted."""
+    parts = []
+    doc = row["document_ids"]
+    valid = doc >= 0
+    for j in np.unique(doc[valid]):
+        idx = np.nonzero(doc == j)[0]
+        ds = int(row["dataset"][idx[0]])
+        text = tokenizer.decode(row["input"][idx]).replace("\n", "⏎")
+        parts.append(f"[{dataset_names[ds]}:{len(idx)} tok] {text}")
+    pad = int((~valid).sum())
+    s = " ‖ ".join(parts)
+    if len(s) > width:
+        s = s[: width - 1] + "…"
+    return s + (f" [+{pad} pad]" if pad else "")
+
+
+def describe_plan(recipe: Any, world_size: Optional[int] = None, draws: int = 4000) -> str:
+    """The plan as text: datasets, sizes, tokens/byte, target vs expected token shares, lanes."""
+    from zephon.lanes import lanes_of_rank, valid_world_sizes
+
+    p = recipe.prepare(progress=None)
+    lines = [repr(recipe), f"fingerprint: {p.fingerprint}", ""]
+    lines.append(f"{'dataset':<12} {'format':<8} {'shards':>6} {'records':>9} {'MB':>8} {'tok/byte':>9} {'est. tokens':>12} {'target':>7} {'expected':>8}")
+    # expected shares: simulate lane 0's work source from metadata only
+    src = p.plan.lane(0)
+    est = np.zeros(len(recipe.datasets))
+    for _ in range(draws):
+        try:
+            it = next(src)
+        except StopIteration:
+            break
+        ds = p.plan.datasets[it.dataset]
+        est[it.dataset] += ds.record_bytes(it.shard)[it.record] * ds.tokens_per_byte + ds.tokens_per_record
+    expected = est / est.sum() if est.sum() else est
+    target = recipe.schedule.weights(0)
+    for i, (s, ix) in enumerate(zip(recipe.datasets, p.indexes)):
+        size = sum(sh.size_bytes for sh in ix.shards)
+        e = p.estimates[s.name]
+        total_bytes = sum(int(ix.record_bytes(k).sum()) for k in range(len(ix.shards)))
+        lines.append(f"{s.name:<12} {ix.format:<8} {len(ix.shards):>6} {ix.num_records:>9} {size / 1e6:>8.2f} "
+                     f"{e.tokens_per_byte:>9.4f} {total_bytes * e.tokens_per_byte + ix.num_records * e.tokens_per_record:>12.0f} "
+                     f"{target[i]:>7.3f} {expected[i]:>8.3f}")
+    lines.append("")
+    lines.append(f"lanes: {recipe.lanes} (valid world sizes: {valid_world_sizes(recipe.lanes)}); rows per lane per step: "
+                 f"{recipe.rows_per_lane}; seq_len: {recipe.seq_len}; mixing by {recipe.mix_by}")
+    lines.append(f"pack: {recipe.pack_algorithm}, flush every {recipe.pack_flush_every} documents; shuffle window: "
+                 f"{recipe.shuffle_buffer} rows; workers: {recipe.workers.count} {recipe.workers.backend}")
+    if len(recipe.schedule.phases) > 1:
+        lines.append("schedule: " + "; ".join(f"step {s}: {dict(zip([d.name for d in recipe.datasets], w))}" for s, w in recipe.schedule.phases))
+    if world_size:
+        for r in range(world_size):
+            owned = lanes_of_rank(recipe.lanes, world_size, r)
+            lines.append(f"  rank {r}/{world_size}: lanes {owned.start}..{owned.stop - 1}")
+    return "\n".join(lines)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from zephon import WorkerConfig, batch_sha256, decode_state, encode_state
+    from zephon.demo import demo_recipe
+
+    t0 = time.time()
+    recipe = demo_recipe(args.root)
+    p = recipe.prepare(progress=None)
+    names = [d.name for d in recipe.datasets]
+    print(f"zephon demo: {recipe}")
+    print(f"data and recipe: {recipe.base_dir}")
+    print()
+    steps = args.steps
+    with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
+        first = next(g)
+    print("first rows of global batch 0 (documents separated by ‖):")
+    for i in range(3):
+        print(f"  row {i}: " + format_row(p.tokenizer, {k: v[i] for k, v in first.items()}, names, width=240))
+    print()
+    table: Dict[str, List[str]] = {}
     for world in (1, 2, 4, 8):
         for workers in (WorkerConfig(0), WorkerConfig(2, "thread")):
-            with GlobalLoader(lane, lanes=lanes, world_size=world, seed=1234, workers=workers) as g:
-                table[(world, workers.count)] = [batch_sha256(next(g))[:12] for _ in range(steps)]
-    # save at W=4 after 3 steps, resume at W=2
-    with GlobalLoader(lane, lanes=lanes, world_size=4, seed=1234) as g:
-        first = [batch_sha256(next(g))[:12] for _ in range(3)]
+            with recipe.global_loader(world, workers=workers) as g:
+                table[f"W={world} workers={workers.count}"] = [batch_sha256(next(g))[:10] for _ in range(steps)]
+    with recipe.global_loader(4) as g:
+        hs = [batch_sha256(next(g))[:10] for _ in range(steps // 2)]
         state = decode_state(encode_state(g.state_dict()))
-    with GlobalLoader(lane, lanes=lanes, world_size=2, seed=1234) as g:
+    with recipe.global_loader(2) as g:
         g.load_state_dict(state)
-        table[("4->2", 0)] = first + [batch_sha256(next(g))[:12] for _ in range(steps - 3)]
-    print(f"{'world':>6} {'workers':>7}  " + " ".join(f"step{t:<8}" for t in range(steps)))
-    for (world, count), hs in table.items():
-        print(f"{world!s:>6} {count:>7}  " + " ".join(hs))
-    same = len({tuple(h) for h in table.values()}) == 1
-    print("identical global batches across world sizes, workers and resume:", "YES" if same else "NO")
+        hs += [batch_sha256(next(g))[:10] for _ in range(steps - steps // 2)]
+    table[f"W=4 -> resume W=2 at step {steps // 2}"] = hs
+    print(f"{'run':<32}" + "".join(f" step {t:<5}" for t in range(steps)))
+    for k, v in table.items():
+        print(f"{k:<32} " + " ".join(f"{h:<10}" for h in v))
+    same = len({tuple(v) for v in table.values()}) == 1
+    print()
+    print(f"global-batch SHA-256 identical across world sizes, workers and resume: {'YES' if same else 'NO'} "
+          f"({time.time() - t0:.1f} s)")
+    print(f"next: zephon inspect {os.path.join(recipe.base_dir, 'demo.toml')} --show 2")
     return 0 if same else 1
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="zephon", description="Elastically deterministic data loading.")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("demo", help="run the bundled demo offline and show that hashes match across world sizes")
+    d = sub.add_parser("demo", help="run the bundled demo offline: decoded rows and hashes across world sizes")
+    d.add_argument("--root", default=None, help="where to generate the demo data (default ~/.cache/zephon/demo)")
+    d.add_argument("--steps", type=int, default=6)
+    h = sub.add_parser("hashes", help="print `step <t> <sha256>` of every global batch")
+    h.add_argument("recipe")
+    h.add_argument("--world-size", type=int, default=1)
+    h.add_argument("--steps", type=int, default=10)
+    h.add_argument("--workers", type=int, default=None)
+    h.add_argument("--backend", choices=["thread", "process"], default=None)
+    h.add_argument("--save-at", type=int, default=None, help="save the lane-keyed state after this step")
+    h.add_argument("--checkpoint", default=None, help="folder for --save-at")
+    h.add_argument("--resume", default=None, help="folder (or file) written by --save-at; any valid world size")
+    i = sub.add_parser("inspect", help="show the plan: datasets, token shares, lanes; --show N decoded rows")
+    i.add_argument("recipe")
+    i.add_argument("--show", type=int, default=0)
+    i.add_argument("--world-size", type=int, default=None)
     args = parser.parse_args(argv)
-    if args.cmd == "demo":
-        return _toy_demo()
+
+    from zephon import PipelineError, Recipe, RecipeError, StateError
+    from zephon.datasets import DataError
+
+    try:
+        if args.cmd == "demo":
+            return _demo(args)
+        recipe = Recipe.from_toml(args.recipe)
+        if args.cmd == "hashes":
+            if (args.save_at is None) != (args.checkpoint is None):
+                parser.error("--save-at and --checkpoint go together")
+            from zephon.lanes import check_world_size
+
+            check_world_size(recipe.lanes, args.world_size)
+            run_hashes(recipe, world_size=args.world_size, steps=args.steps,
+                       workers=_workers(recipe, args.workers, args.backend), save_at=args.save_at,
+                       checkpoint=args.checkpoint, resume=args.resume)
+            return 0
+        if args.cmd == "inspect":
+            print(describe_plan(recipe, args.world_size))
+            if args.show:
+                from zephon import WorkerConfig
+
+                p = recipe.prepare()
+                names = [d.name for d in recipe.datasets]
+                with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
+                    b = next(g)
+                print()
+                for r in range(min(args.show, len(b["input"]))):
+                    print(f"row {r}: " + format_row(p.tokenizer, {k: v[r] for k, v in b.items()}, names, width=2000))
+            return 0
+    except (RecipeError, StateError, DataError, PipelineError, ValueError) as e:
+        print(f"zephon {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
     return 2
 
 

@@ -149,6 +149,8 @@ class Router(ZNode[Any]):
         workers: Optional[WorkerConfig] = None,
         pools: Optional[PoolSet] = None,
         collate_fn: Callable[[Sequence[Any]], Any] = collate,
+        shared_state: Optional[Callable[[], Dict[str, Any]]] = None,
+        adopt_shared: Optional[Callable[[Dict[str, Any]], bool]] = None,
     ) -> None:
         super().__init__()
         if not isinstance(lanes, int) or lanes < 1:
@@ -163,6 +165,10 @@ class Router(ZNode[Any]):
         self.collate_fn = collate_fn
         self._lanes: Optional[List[BaseNode]] = None
         self.step = 0
+        # rank-independent values the pipeline derived at start (e.g. token estimates): saved
+        # in the checkpoint and adopted on restore, so a resume never silently re-derives them
+        self.shared_state = shared_state
+        self.adopt_shared = adopt_shared
 
     def _repr_args(self):
         yield f"lanes={self.lanes}"
@@ -221,6 +227,14 @@ class Router(ZNode[Any]):
             self.step = 0
             return
         self.check_compatible(initial_state)
+        shared = initial_state.get("shared")
+        if not isinstance(shared, dict):
+            raise StateError(f"checkpoint 'shared' entry must be a JSON object, got {type(shared).__name__}")
+        if self.adopt_shared is not None and self.adopt_shared(shared) and self._lanes is not None:
+            for n in self._lanes:  # built with other derived values: rebuild them
+                getattr(n, "close", lambda: None)()
+            self._lanes = None
+            nodes = self.lane_nodes
         missing = [lane_key(l) for l in self.owned if lane_key(l) not in initial_state]
         if missing:
             raise StateError(
@@ -242,7 +256,8 @@ class Router(ZNode[Any]):
     def get_state(self) -> Dict[str, Any]:
         state: Dict[str, Any] = self._tagged(
             {"format_version": FORMAT_VERSION, "lanes": self.lanes, "seed": self.seed,
-             "fingerprint": self.fingerprint, "step": self.step}
+             "fingerprint": self.fingerprint, "step": self.step,
+             "shared": self.shared_state() if self.shared_state is not None else {}}
         )
         for l, n in zip(self.owned, self.lane_nodes):
             state[lane_key(l)] = n.state_dict()

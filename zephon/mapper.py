@@ -228,8 +228,9 @@ class OrderedMapper(ZNode[Any]):
         return PipelineError(
             f"{self._where()}: a worker process died (killed by a signal, or out of memory) while "
             f"mapping the chunk starting at {describe_item(item)}. All workers of this pool were "
-            "stopped. Check the system log for the OOM killer, or run with workers.backend = "
-            "\"thread\" to debug."
+            "stopped. Check the system log for the OOM killer; a script that starts process workers "
+            "must guard its entry point with `if __name__ == \"__main__\":`; or run with "
+            "workers.backend = \"thread\" to debug."
         )
 
     def _where(self) -> str:

@@ -1,0 +1,164 @@
+"""Packing tokenized documents into training rows of ``seq_len + 1`` tokens.
+
+Each row gives ``input`` (tokens 0..seq_len-1), ``labels`` (tokens 1..seq_len, ``-100`` where
+the target is padding), ``positions`` (restarting at 0 at every document segment, for RoPE and
+document masks), ``document_ids`` (segment index within the row, ``-1`` on padding: usable for
+varlen / document-masked attention) and ``dataset`` (dataset index per token, ``-1`` on
+padding).
+
+Algorithms: ``greedy`` concatenates documents and splits them across rows (no padding except
+at flush points); ``first_fit`` / ``best_fit`` never split a document (one longer than a row is
+first cut into row-sized pieces, never dropped) and keep up to ``max_open`` partially filled
+rows, padding what is left when a row is closed. All flush every ``flush_every`` documents,
+which bounds replay on restore.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from zephon import Accumulator
+
+__all__ = ["Pack", "ALGORITHMS", "IGNORE_INDEX"]
+
+ALGORITHMS = ("greedy", "first_fit", "best_fit")
+IGNORE_INDEX = -100
+
+Segment = Tuple[np.ndarray, int]  # tokens, dataset
+
+
+class Pack(Accumulator):
+    """Pack documents (objects with ``tokens`` and ``dataset``) into rows of ``seq_len + 1`` tokens."""
+
+    node_type = "pack"
+
+    def __init__(self, source: BaseNode, *, seq_len: int, algorithm: str = "greedy", flush_every: int = 512,
+                 pad_id: int = 0, max_open: int = 8) -> None:
+        super().__init__(source, flush_every=flush_every)
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"pack.algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        if not isinstance(seq_len, int) or seq_len < 2:
+            raise ValueError(f"seq_len must be an integer >= 2, got {seq_len!r}")
+        if max_open < 1:
+            raise ValueError(f"pack.max_open must be >= 1, got {max_open}")
+        self.seq_len, self.algorithm, self.pad_id, self.max_open = seq_len, algorithm, pad_id, max_open
+        self.row_len = seq_len + 1
+        self._bins: List[List[Segment]] = []
+        self._used: List[int] = []
+        # observability (not part of the data): counters since construction
+        self.tokens_in = 0
+        self.rows_out = 0
+        self.pad_tokens = 0
+        self.skipped = 0
+
+    def _repr_args(self):
+        yield f"seq_len={self.seq_len}"
+        yield self.algorithm
+        yield f"flush_every={self.flush_every}"
+
+    @property
+    def efficiency(self) -> float:
+        """Share of non-padding tokens in the rows emitted so far."""
+        total = self.rows_out * self.row_len
+        return 1.0 - self.pad_tokens / total if total else 1.0
+
+    # -- accumulator hooks ------------------------------------------------------------------
+    def clear(self) -> None:
+        self._bins, self._used = [], []
+
+    def buffer_empty(self) -> bool:
+        return not self._bins
+
+    def accept(self, doc: Any) -> None:
+        tokens = doc.tokens
+        if getattr(doc, "skipped", None):
+            self.skipped += 1
+            return
+        n = len(tokens)
+        if n == 0:
+            return
+        self.tokens_in += n
+        if self.algorithm == "greedy":
+            self._accept_greedy(tokens, doc.dataset)
+            return
+        for start in range(0, n, self.row_len):
+            self._place(tokens[start : start + self.row_len], doc.dataset)
+
+    def flush(self) -> None:
+        bins, used = self._bins, self._used
+        self._bins, self._used = [], []
+        for segs, u in zip(bins, used):
+            if u:
+                self._emit_row(segs, u)
+
+    # -- algorithms -------------------------------------------------------------------------
+    def _accept_greedy(self, tokens: np.ndarray, dataset: int) -> None:
+        if not self._bins:
+            self._bins, self._used = [[]], [0]
+        pos = 0
+        n = len(tokens)
+        while pos < n:
+            room = self.row_len - self._used[0]
+            take = min(room, n - pos)
+            self._bins[0].append((tokens[pos : pos + take], dataset))
+            self._used[0] += take
+            pos += take
+            if self._used[0] == self.row_len:
+                self._emit_row(self._bins[0], self.row_len)
+                self._bins, self._used = ([[]], [0]) if pos < n else ([], [])
+
+    def _place(self, piece: np.ndarray, dataset: int) -> None:
+        n = len(piece)
+        target = -1
+        if self.algorithm == "first_fit":
+            for i, u in enumerate(self._used):
+                if self.row_len - u >= n:
+                    target = i
+                    break
+        else:
+            best_room = self.row_len + 1
+            for i, u in enumerate(self._used):
+                room = self.row_len - u
+                if n <= room < best_room:
+                    target, best_room = i, room
+        if target < 0:
+            if len(self._bins) >= self.max_open:
+                fullest = max(range(len(self._used)), key=lambda i: (self._used[i], -i))
+                self._emit_row(self._bins.pop(fullest), self._used.pop(fullest))
+            self._bins.append([])
+            self._used.append(0)
+            target = len(self._bins) - 1
+        self._bins[target].append((piece, dataset))
+        self._used[target] += n
+        if self._used[target] == self.row_len:
+            self._emit_row(self._bins.pop(target), self._used.pop(target))
+
+    # -- rows -------------------------------------------------------------------------------
+    def _emit_row(self, segments: List[Segment], used: int) -> None:
+        L = self.row_len
+        tokens = np.full(L, self.pad_id, dtype=np.int64)
+        positions = np.zeros(L, dtype=np.int64)
+        doc_ids = np.full(L, -1, dtype=np.int32)
+        dataset = np.full(L, -1, dtype=np.int16)
+        pos = 0
+        for j, (seg, ds) in enumerate(segments):
+            k = len(seg)
+            tokens[pos : pos + k] = seg
+            positions[pos : pos + k] = np.arange(k)
+            doc_ids[pos : pos + k] = j
+            dataset[pos : pos + k] = ds
+            pos += k
+        labels = tokens[1:].copy()
+        labels[used - 1 :] = IGNORE_INDEX  # targets that are padding
+        self.rows_out += 1
+        self.pad_tokens += L - used
+        self.emit({
+            "input": tokens[:-1],
+            "labels": labels,
+            "positions": positions[:-1],
+            "document_ids": doc_ids[:-1],
+            "dataset": dataset[:-1],
+        })

@@ -1,0 +1,22 @@
+"""Dataset layer: raw text shards -> per-shard metadata and random-access record reads.
+
+No shuffling or planning happens here: a WorkSource decides which record indices to read;
+this package answers "how many records, how big is each, give me records i, j, k of shard s".
+
+    idx = index_dataset("wiki", "data/wiki-*.jsonl.zst")
+    idx.num_records, idx.shard_offsets(), idx.record_bytes(0)
+    texts = idx.read(0, [5, 1, 3])     # str, or BadRecord for bad content
+"""
+
+from .errors import BadRecord, DataError
+from .index import FORMATS, TEXT_MODES, DatasetIndex, ShardMeta, index_dataset
+
+__all__ = [
+    "BadRecord",
+    "DataError",
+    "DatasetIndex",
+    "FORMATS",
+    "ShardMeta",
+    "TEXT_MODES",
+    "index_dataset",
+]

@@ -1,0 +1,221 @@
+"""Low-level helpers: streaming decompression, vectorised line scanning, small thread-safe LRU."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import zlib
+from collections import OrderedDict
+from typing import BinaryIO, Callable, Iterator
+
+import numpy as np
+
+CHUNK = 8 << 20  # bytes per read when scanning plain files
+ZSTD_IN_CHUNK = 1 << 20  # compressed bytes per decompressobj call (bounds one output burst)
+BOM = b"\xef\xbb\xbf"
+
+
+class CompressionError(Exception):
+    """Raised by ``iter_decompressed``; ``kind`` is "truncated" or "corrupt"."""
+
+    def __init__(self, kind: str, msg: str) -> None:
+        super().__init__(msg)
+        self.kind = kind
+
+
+def iter_decompressed(f: BinaryIO, compression: str | None, chunk: int = CHUNK) -> Iterator[bytes]:
+    """Yield the decompressed stream of ``f`` in chunks; detect truncated/corrupt streams."""
+    if compression is None:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                return
+            yield b
+    elif compression == "gzip":
+        # GzipFile handles multi-member files and raises EOFError on truncation.
+        g = gzip.GzipFile(fileobj=f, mode="rb")
+        try:
+            while True:
+                b = g.read(chunk)
+                if not b:
+                    return
+                yield b
+        except EOFError as e:
+            raise CompressionError("truncated", f"gzip stream is truncated ({e})") from None
+        except (gzip.BadGzipFile, zlib.error) as e:
+            raise CompressionError("corrupt", f"gzip stream is corrupt ({e})") from None
+    elif compression == "zstd":
+        import zstandard
+
+        dctx = zstandard.ZstdDecompressor()
+        d = dctx.decompressobj()
+        fed = False  # has the current frame's decompressor seen any input?
+        try:
+            while True:
+                raw = f.read(ZSTD_IN_CHUNK)
+                if not raw:
+                    break
+                while raw:
+                    out = d.decompress(raw)
+                    fed = True
+                    if out:
+                        yield out
+                    if d.eof:  # frame finished; the rest (if any) starts the next frame
+                        raw = d.unused_data
+                        d = dctx.decompressobj()
+                        fed = False
+                    else:
+                        raw = b""
+        except zstandard.ZstdError as e:
+            raise CompressionError("corrupt", f"zstd stream is corrupt ({e})") from None
+        if fed and not d.eof:
+            raise CompressionError("truncated", "zstd stream is truncated (the last frame is incomplete)")
+    else:  # pragma: no cover - guarded by the caller
+        raise ValueError(f"unknown compression {compression!r}")
+
+
+_WS = np.zeros(256, dtype=bool)
+for _c in b" \t\r\n\x0b\x0c":
+    _WS[_c] = True
+
+
+class LineScanner:
+    """Finds the non-blank lines of a byte stream fed in chunks, without parsing them.
+
+    Produces, per record (non-blank line): byte offset and byte length in the stream (line
+    terminator and a trailing ``\\r`` excluded; a leading UTF-8 BOM on the first line excluded),
+    plus a sparse map from record index to physical line number (``gap_rec``/``gap_cum``:
+    from record ``gap_rec[k]`` on, ``gap_cum[k]`` blank lines precede the record).
+    """
+
+    def __init__(self) -> None:
+        self._carry = b""
+        self._base = 0  # stream offset of the first byte of _carry
+        self._offs: list[np.ndarray] = []
+        self._lens: list[np.ndarray] = []
+        self._gap_rec: list[np.ndarray] = []
+        self._gap_cum: list[np.ndarray] = []
+        self._nrec = 0
+        self._blanks = 0
+        self._last_bb = 0
+        self._first = True
+        self.total = 0  # decompressed stream length
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        buf = self._carry + chunk if self._carry else chunk
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        nl = np.flatnonzero(arr == 10)
+        if nl.size == 0:
+            self._carry = buf
+            return
+        ends = nl.astype(np.int64)
+        starts = np.empty_like(ends)
+        starts[0] = 0
+        starts[1:] = ends[:-1] + 1
+        self._process(buf, arr, starts, ends)
+        cut = int(ends[-1]) + 1
+        self._carry = buf[cut:]
+        self._base += cut
+
+    def finish(self) -> dict[str, np.ndarray]:
+        if self._carry:
+            buf = self._carry
+            arr = np.frombuffer(buf, dtype=np.uint8)
+            self._process(buf, arr, np.zeros(1, np.int64), np.full(1, len(buf), np.int64))
+            self._carry = b""
+
+        def cat(xs: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(xs).astype(np.int64) if xs else np.zeros(0, np.int64)
+
+        return {
+            "offsets": cat(self._offs),
+            "lengths": cat(self._lens),
+            "gap_rec": cat(self._gap_rec),
+            "gap_cum": cat(self._gap_cum),
+        }
+
+    def _process(self, buf: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        if self._first:
+            self._first = False
+            if buf[:3] == BOM:
+                starts = starts.copy()
+                starts[0] = 3
+        lens = ends - starts
+        nz = lens > 0
+        if nz.any():
+            cr = np.zeros(lens.shape, dtype=bool)
+            cr[nz] = arr[ends[nz] - 1] == 13
+            ends = ends - cr
+            lens = ends - starts
+            nz = lens > 0
+        nonblank = nz.copy()
+        if nz.any():
+            first = np.zeros(lens.shape, dtype=np.uint8)
+            first[nz] = arr[starts[nz]]
+            for j in np.flatnonzero(nz & _WS[first]):  # rare: lines starting with whitespace
+                if buf[starts[j] : ends[j]].isspace():
+                    nonblank[j] = False
+        cumblank = np.cumsum(~nonblank, dtype=np.int64) + self._blanks
+        rec_lines = np.flatnonzero(nonblank)
+        if rec_lines.size:
+            bb = cumblank[rec_lines]
+            changes = np.flatnonzero(np.diff(bb, prepend=self._last_bb) != 0)
+            if changes.size:
+                self._gap_rec.append(changes + self._nrec)
+                self._gap_cum.append(bb[changes])
+            self._last_bb = int(bb[-1])
+            self._offs.append(starts[rec_lines] + self._base)
+            self._lens.append(lens[rec_lines])
+            self._nrec += rec_lines.size
+        if cumblank.size:
+            self._blanks = int(cumblank[-1])
+
+
+def line_number(gap_rec: np.ndarray, gap_cum: np.ndarray, rec: int) -> int:
+    """1-based physical line number of record ``rec`` (see ``LineScanner``)."""
+    k = int(np.searchsorted(gap_rec, rec, side="right")) - 1
+    return rec + (int(gap_cum[k]) if k >= 0 else 0) + 1
+
+
+class LRU:
+    """Small thread-safe LRU; concurrent misses on one key run the loader once."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._d: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self._inflight: dict = {}
+
+    def get(self, key, loader: Callable[[], object]):
+        while True:
+            with self._lock:
+                if key in self._d:
+                    self._d.move_to_end(key)
+                    return self._d[key]
+                ev = self._inflight.get(key)
+                owner = ev is None
+                if owner:
+                    ev = self._inflight[key] = threading.Event()
+            if not owner:
+                ev.wait()
+                continue  # hit next time round, or (loader failed) try ourselves
+            try:
+                val = loader()
+            except BaseException:
+                with self._lock:
+                    del self._inflight[key]
+                ev.set()
+                raise
+            with self._lock:
+                self._d[key] = val
+                self._d.move_to_end(key)
+                while len(self._d) > self.capacity:
+                    self._d.popitem(last=False)
+                del self._inflight[key]
+            ev.set()
+            return val
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()

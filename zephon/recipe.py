@@ -1,0 +1,488 @@
+"""Recipes: a whole text pipeline described in TOML (or built in code), validated up front.
+
+A recipe is a pure description: seed, lanes, sequence length, global batch, tokenizer,
+datasets with token-share weights, packing, shuffling and workers. ``Recipe.from_toml(path)``
+checks every key before any worker starts (unknown keys and impossible combinations name the
+key and the fix); :meth:`Recipe.router` / :meth:`Recipe.global_loader` build the per-lane
+pipelines::
+
+    WorkSource(lane) -> OrderedMapper(fetch + tokenize) -> Pack -> WindowShuffle -> Batch
+
+Workers are a performance setting only: they are not part of the recipe's fingerprint.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .datasets import FORMATS, TEXT_MODES, DatasetIndex, index_dataset
+from .lanes import GlobalLoader, LaneContext, Router, check_world_size
+from .mapper import OrderedMapper
+from .permute import IndexPermutation
+from .seeding import stable_u64
+from .tokenizer import TextTokenizer
+from .workers import BACKENDS, WorkerConfig
+from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkPlan
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["Recipe", "RecipeError", "DatasetSpec", "TokenEstimate", "estimate_tokens"]
+
+
+class RecipeError(ValueError):
+    """An invalid recipe; the message names the key and the fix."""
+
+
+ALGORITHMS = ("greedy", "first_fit", "best_fit")
+MIX_BY = ("tokens", "samples")
+
+
+def _fail(msg: str) -> RecipeError:
+    return RecipeError(msg)
+
+
+def _check_keys(section: str, got: Mapping[str, Any], allowed: Sequence[str]) -> None:
+    unknown = [k for k in got if k not in allowed]
+    if unknown:
+        import difflib
+
+        k = unknown[0]
+        close = difflib.get_close_matches(k, allowed, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise _fail(f"recipe: unknown key {k!r} in {section}.{hint} Allowed keys: {', '.join(allowed)}.")
+
+
+def _int(section: str, key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(f"recipe: {section}{key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise _fail(f"recipe: {section}{key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _str(section: str, key: str, value: Any, choices: Optional[Sequence[str]] = None) -> str:
+    if not isinstance(value, str):
+        raise _fail(f"recipe: {section}{key} must be a string, got {value!r}")
+    if choices is not None and value not in choices:
+        raise _fail(f"recipe: {section}{key} = {value!r} is not valid; use one of {', '.join(map(repr, choices))}")
+    return value
+
+
+def _bool(section: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(f"recipe: {section}{key} must be true or false, got {value!r}")
+    return value
+
+
+def _num(section: str, key: str, value: Any, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise _fail(f"recipe: {section}{key} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One ``[[datasets]]`` entry."""
+
+    name: str
+    path: Any  # str or list of str (globs / fsspec URLs)
+    format: str = "auto"
+    text_field: str = "text"
+    text_mode: str = "line"
+    weight: float = 1.0
+    policy: str = "repeat"
+    epochs: Optional[int] = None
+    on_error: str = "raise"
+
+
+@dataclass(frozen=True)
+class TokenEstimate:
+    """Measured tokens per record byte (content) and fixed tokens per record (BOS/EOS)."""
+
+    tokens_per_byte: float
+    tokens_per_record: float
+    sampled: int
+
+
+DATASET_KEYS = [f.name for f in dataclasses.fields(DatasetSpec)]
+TOP_KEYS = ["seed", "lanes", "seq_len", "global_batch_size", "cache_dir", "tokenizer", "datasets", "pack", "shuffle",
+            "workers", "mixing", "schedule", "tokenize"]
+
+
+def estimate_tokens(index: DatasetIndex, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int) -> TokenEstimate:
+    """TokenEstimation: tokenize a seeded sample of a dataset and measure tokens per byte."""
+    n = index.num_records
+    k = min(samples, n)
+    perm = IndexPermutation(n, stable_u64("token-estimate", seed, ds_number))
+    picks = np.sort(perm.take(np.arange(k)))
+    offsets = index.shard_offsets()
+    shards = np.searchsorted(offsets, picks, side="right") - 1
+    texts: List[str] = []
+    nbytes = 0
+    for s in np.unique(shards):
+        local = (picks[shards == s] - offsets[s]).tolist()
+        rb = index.record_bytes(int(s))
+        for r, t in zip(local, index.read(int(s), local)):
+            if isinstance(t, str):
+                texts.append(t)
+                nbytes += int(rb[r])
+    per_record = (1 if tokenizer.add_bos else 0) + (1 if tokenizer.add_eos else 0)
+    if not texts or nbytes == 0:
+        return TokenEstimate(tokens_per_byte=1.0, tokens_per_record=float(per_record), sampled=0)
+    content = tokenizer.count_tokens(texts) - per_record * len(texts)
+    return TokenEstimate(tokens_per_byte=max(content, 1) / nbytes, tokens_per_record=float(per_record), sampled=len(texts))
+
+
+@dataclass
+class _Prepared:
+    indexes: List[DatasetIndex]
+    tokenizer: TextTokenizer
+    estimates: Dict[str, TokenEstimate]
+    plan: WorkPlan
+    fetch: Any
+    fingerprint: str
+
+
+class Recipe:
+    """A validated pipeline description. Build with :meth:`from_toml` or :meth:`from_dict`."""
+
+    def __init__(self, config: Mapping[str, Any], base_dir: str = ".") -> None:
+        self.raw = copy.deepcopy(dict(config))
+        self.base_dir = os.path.abspath(base_dir)
+        self._validate(self.raw)
+        self._prepared: Optional[_Prepared] = None
+        self._adopted: Optional[Dict[str, TokenEstimate]] = None
+        self._lock = threading.RLock()
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike) -> "Recipe":
+        """Read and validate a TOML recipe; relative paths are relative to its folder."""
+        path = os.fspath(path)
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise RecipeError(f"recipe file {path!r} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise RecipeError(f"recipe file {path!r} is not valid TOML: {e}") from None
+        return cls(data, base_dir=os.path.dirname(os.path.abspath(path)))
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any], base_dir: str = ".") -> "Recipe":
+        return cls(config, base_dir)
+
+    def replace(self, **changes: Any) -> "Recipe":
+        """A copy with top-level keys replaced (sections are dicts), re-validated."""
+        raw = copy.deepcopy(self.raw)
+        raw.update(changes)
+        return Recipe(raw, self.base_dir)
+
+    def _path(self, p: str) -> str:
+        if "://" in p or os.path.isabs(p):
+            return p
+        return os.path.join(self.base_dir, p)
+
+    # -- validation -------------------------------------------------------------------------
+    def _validate(self, r: Dict[str, Any]) -> None:
+        _check_keys("the recipe's top level", r, TOP_KEYS)
+        for key in ("seed", "lanes", "seq_len", "global_batch_size", "tokenizer", "datasets"):
+            if key not in r:
+                raise _fail(f"recipe: missing required key {key!r}" + (" (a [tokenizer] section with path = \"...\")" if key == "tokenizer" else ""))
+        self.seed = _int("", "seed", r["seed"], 0)
+        self.lanes = _int("", "lanes", r["lanes"], 1)
+        self.seq_len = _int("", "seq_len", r["seq_len"], 8)
+        self.global_batch_size = _int("", "global_batch_size", r["global_batch_size"], 1)
+        if self.global_batch_size % self.lanes:
+            lo = (self.global_batch_size // self.lanes) * self.lanes
+            raise _fail(
+                f"recipe: global_batch_size = {self.global_batch_size} is not a multiple of lanes = {self.lanes}; every "
+                f"lane contributes the same number of rows per step. Use global_batch_size = {lo or self.lanes} or "
+                f"{lo + self.lanes}, or a lane count that divides {self.global_batch_size}."
+            )
+        self.rows_per_lane = self.global_batch_size // self.lanes
+        self.cache_dir = r.get("cache_dir")
+        if self.cache_dir is not None:
+            self.cache_dir = self._path(_str("", "cache_dir", self.cache_dir))
+
+        tok = r["tokenizer"]
+        if not isinstance(tok, dict):
+            raise _fail("recipe: [tokenizer] must be a table with path = \"...\"")
+        _check_keys("[tokenizer]", tok, ["path", "add_bos", "add_eos", "bos_token", "eos_token"])
+        if "path" not in tok:
+            raise _fail("recipe: [tokenizer] needs path = \"folder with tokenizer.json, or the file itself\"")
+        self.tokenizer_path = self._path(_str("[tokenizer].", "path", tok["path"]))
+        if "://" not in self.tokenizer_path and not os.path.exists(self.tokenizer_path):
+            raise _fail(f"recipe: [tokenizer].path {self.tokenizer_path!r} does not exist; point it at a folder with tokenizer.json or at the file")
+        self.add_bos = _bool("[tokenizer].", "add_bos", tok.get("add_bos", True))
+        self.add_eos = _bool("[tokenizer].", "add_eos", tok.get("add_eos", True))
+        self.bos_token = tok.get("bos_token")
+        self.eos_token = tok.get("eos_token")
+
+        dss = r["datasets"]
+        if not isinstance(dss, list) or not dss:
+            raise _fail("recipe: [[datasets]] must list at least one dataset")
+        specs: List[DatasetSpec] = []
+        for i, d in enumerate(dss):
+            where = f"[[datasets]] #{i + 1}"
+            if not isinstance(d, dict):
+                raise _fail(f"recipe: {where} must be a table")
+            _check_keys(where, d, DATASET_KEYS)
+            for req in ("name", "path"):
+                if req not in d:
+                    raise _fail(f"recipe: {where} needs {req} = ...")
+            name = _str(f"{where}.", "name", d["name"])
+            where = f"[[datasets]] {name!r}"
+            path = d["path"]
+            if isinstance(path, str):
+                path = self._path(path)
+            elif isinstance(path, list) and path and all(isinstance(p, str) for p in path):
+                path = [self._path(p) for p in path]
+            else:
+                raise _fail(f"recipe: {where}.path must be a glob/URL string or a list of them, got {path!r}")
+            policy = _str(f"{where}.", "policy", d.get("policy", "repeat"), POLICIES)
+            epochs = d.get("epochs")
+            if epochs is not None:
+                epochs = _int(f"{where}.", "epochs", epochs, 1)
+                if policy != "stop":
+                    raise _fail(f"recipe: {where}.epochs only applies with policy = \"stop\" (\"repeat\" cycles forever); set policy = \"stop\" or remove epochs")
+            specs.append(DatasetSpec(
+                name=name, path=path,
+                format=_str(f"{where}.", "format", d.get("format", "auto"), ("auto",) + tuple(FORMATS)),
+                text_field=_str(f"{where}.", "text_field", d.get("text_field", "text")),
+                text_mode=_str(f"{where}.", "text_mode", d.get("text_mode", "line"), tuple(TEXT_MODES)),
+                weight=_num(f"{where}.", "weight", d.get("weight", 1.0)),
+                policy=policy, epochs=epochs,
+                on_error=_str(f"{where}.", "on_error", d.get("on_error", "raise"), ("raise", "skip")),
+            ))
+        names = [s.name for s in specs]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise _fail(f"recipe: dataset names must be unique; {dup[0]!r} appears more than once")
+        if sum(s.weight for s in specs) <= 0:
+            raise _fail("recipe: at least one dataset needs weight > 0")
+        self.datasets = specs
+
+        pack = r.get("pack", {})
+        _check_keys("[pack]", pack, ["algorithm", "flush_every", "max_open"])
+        self.pack_algorithm = _str("[pack].", "algorithm", pack.get("algorithm", "greedy"), ALGORITHMS)
+        self.pack_flush_every = _int("[pack].", "flush_every", pack.get("flush_every", 512), 1)
+        self.pack_max_open = _int("[pack].", "max_open", pack.get("max_open", 8), 1)
+
+        shuffle = r.get("shuffle", {})
+        _check_keys("[shuffle]", shuffle, ["buffer"])
+        self.shuffle_buffer = _int("[shuffle].", "buffer", shuffle.get("buffer", 1024), 1)
+
+        workers = r.get("workers", {})
+        _check_keys("[workers]", workers, ["count", "backend", "timeout_s", "start_method", "chunk_size"])
+        try:
+            self.workers = WorkerConfig(
+                count=_int("[workers].", "count", workers.get("count", 0), 0),
+                backend=_str("[workers].", "backend", workers.get("backend", "thread"), BACKENDS),
+                timeout_s=_num("[workers].", "timeout_s", workers.get("timeout_s", 300.0), positive=True),
+                start_method=_str("[workers].", "start_method", workers.get("start_method", "forkserver")),
+            )
+        except ValueError as e:
+            raise _fail(f"recipe: [workers]: {e}") from None
+        self.chunk_size = _int("[workers].", "chunk_size", workers.get("chunk_size", 32), 1)
+
+        tokw = r.get("tokenize", {})
+        _check_keys("[tokenize]", tokw, ["workers", "backend"])
+        self.tokenize_workers: Optional[WorkerConfig] = None
+        if tokw:
+            self.tokenize_workers = WorkerConfig(
+                count=_int("[tokenize].", "workers", tokw.get("workers", self.workers.count), 0),
+                backend=_str("[tokenize].", "backend", tokw.get("backend", self.workers.backend), BACKENDS),
+                timeout_s=self.workers.timeout_s, start_method=self.workers.start_method,
+            )
+
+        mixing = r.get("mixing", {})
+        _check_keys("[mixing]", mixing, ["by", "estimate_samples"])
+        self.mix_by = _str("[mixing].", "by", mixing.get("by", "tokens"), MIX_BY)
+        self.estimate_samples = _int("[mixing].", "estimate_samples", mixing.get("estimate_samples", 256), 1)
+
+        sched = r.get("schedule", [])
+        if not isinstance(sched, list):
+            raise _fail("recipe: [[schedule]] entries must be an array of tables with step = N and weights = {name = w}")
+        phases: List[Tuple[int, List[float]]] = [(0, [s.weight for s in specs])]
+        for i, ph in enumerate(sched):
+            where = f"[[schedule]] #{i + 1}"
+            if not isinstance(ph, dict):
+                raise _fail(f"recipe: {where} must be a table")
+            _check_keys(where, ph, ["step", "weights"])
+            step = _int(f"{where}.", "step", ph.get("step"), 1) if "step" in ph else None
+            if step is None or "weights" not in ph or not isinstance(ph["weights"], dict):
+                raise _fail(f"recipe: {where} needs step = N and weights = {{ {names[0]} = 0.5, ... }}")
+            unknown = [k for k in ph["weights"] if k not in names]
+            if unknown:
+                raise _fail(f"recipe: {where}.weights names unknown dataset {unknown[0]!r}; datasets are {names}")
+            w = [_num(f"{where}.weights.", n, ph["weights"].get(n, 0.0)) for n in names]
+            if phases and step <= phases[-1][0]:
+                raise _fail(f"recipe: {where}.step = {step} must be larger than the previous phase's step {phases[-1][0]}")
+            phases.append((step, w))
+        try:
+            self.schedule = WeightSchedule(phases)
+        except ValueError as e:
+            raise _fail(f"recipe: schedule: {e}") from None
+
+    # -- identity ---------------------------------------------------------------------------
+    def data_definition(self) -> Dict[str, Any]:
+        """Everything that defines the data (not workers, not the cache folder)."""
+        return {
+            "seed": self.seed, "lanes": self.lanes, "seq_len": self.seq_len, "global_batch_size": self.global_batch_size,
+            "tokenizer": {"add_bos": self.add_bos, "add_eos": self.add_eos},
+            "datasets": [dataclasses.asdict(s) | {"path": None} for s in self.datasets],
+            "pack": [self.pack_algorithm, self.pack_flush_every, self.pack_max_open],
+            "shuffle": self.shuffle_buffer, "mixing": [self.mix_by, self.estimate_samples],
+            "schedule": self.schedule.phases,
+        }
+
+    # -- preparation (I/O: indexing, tokenizer, estimation) ---------------------------------
+    def prepare(self, progress: Optional[bool] = None) -> _Prepared:
+        """Index the datasets, load the tokenizer and estimate tokens (once per Recipe object)."""
+        with self._lock:
+            if self._prepared is not None:
+                return self._prepared
+            try:
+                tok = TextTokenizer(self.tokenizer_path, self.add_bos, self.add_eos, self.bos_token, self.eos_token)
+            except (OSError, ValueError) as e:
+                raise RecipeError(f"recipe: [tokenizer]: {e}") from None
+            indexes = [
+                index_dataset(s.name, s.path, format=s.format, text_field=s.text_field, text_mode=s.text_mode,
+                              cache_dir=self.cache_dir, progress=progress)
+                for s in self.datasets
+            ]
+            for s, ix in zip(self.datasets, indexes):
+                if ix.num_records == 0:
+                    raise RecipeError(f"recipe: dataset {s.name!r} has no records at {s.path!r}; fix the path or remove the dataset")
+            if self._adopted is not None:
+                estimates = dict(self._adopted)
+            else:
+                estimates = {}
+                it = list(enumerate(zip(self.datasets, indexes)))
+                if progress:
+                    from tqdm.auto import tqdm
+
+                    it = tqdm(it, desc="token estimation", unit="dataset")
+                for i, (s, ix) in it:
+                    estimates[s.name] = estimate_tokens(ix, tok, seed=self.seed, samples=self.estimate_samples, ds_number=i)
+            h = hashlib.sha256()
+            h.update(json.dumps(self.data_definition(), sort_keys=True, default=str).encode())
+            for ix in indexes:
+                h.update(ix.fingerprint.encode())
+            h.update(tok.fingerprint.encode())
+            from zephon.nodes.tokenize import FetchTokenize
+
+            self._prepared = _Prepared(
+                indexes=indexes, tokenizer=tok, estimates=estimates, plan=self._plan(indexes, estimates),
+                fetch=FetchTokenize(indexes, tok, [s.on_error for s in self.datasets]), fingerprint=h.hexdigest()[:32],
+            )
+            return self._prepared
+
+    def _plan(self, indexes: Sequence[DatasetIndex], estimates: Mapping[str, TokenEstimate]) -> WorkPlan:
+        plans = []
+        for s, ix in zip(self.datasets, indexes):
+            sizes = [sh.num_records for sh in ix.shards]
+            if self.mix_by == "tokens":
+                est = estimates[s.name]
+                plans.append(DatasetPlan(s.name, sizes, ix.record_bytes, tokens_per_byte=est.tokens_per_byte,
+                                         tokens_per_record=est.tokens_per_record, policy=s.policy, epochs=s.epochs))
+            else:
+                ones = _Ones(sizes)
+                plans.append(DatasetPlan(s.name, sizes, ones, tokens_per_byte=1.0, tokens_per_record=0.0,
+                                         policy=s.policy, epochs=s.epochs))
+        return WorkPlan(plans, seed=self.seed, lanes=self.lanes, schedule=self.schedule,
+                        tokens_per_step=self.rows_per_lane * self.seq_len)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.prepare().fingerprint
+
+    # -- checkpoint-carried derived values ---------------------------------------------------
+    def shared_state(self) -> Dict[str, Any]:
+        est = self.prepare().estimates
+        return {"token_estimates": {k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(est.items())}}
+
+    def adopt_shared(self, shared: Dict[str, Any]) -> bool:
+        """Use the token estimates recorded in a checkpoint; True if they differ from ours."""
+        raw = shared.get("token_estimates")
+        if raw is None:
+            return False
+        names = sorted(s.name for s in self.datasets)
+        if not isinstance(raw, dict) or sorted(raw) != names:
+            from .node import StateError
+
+            raise StateError(f"checkpoint token estimates are for datasets {sorted(raw) if isinstance(raw, dict) else raw!r}, the recipe has {names}")
+        adopted = {k: TokenEstimate(float(v[0]), float(v[1]), int(v[2])) for k, v in raw.items()}
+        with self._lock:
+            current = self.prepare().estimates
+            if adopted == current:
+                return False
+            self._adopted = adopted
+            p = self._prepared
+            p.estimates = adopted
+            p.plan = self._plan(p.indexes, adopted)
+            return True
+
+    # -- pipelines --------------------------------------------------------------------------
+    def build_lane(self, ctx: LaneContext):
+        """The pipeline of one lane (a torchdata BaseNode yielding micro-batches)."""
+        from zephon.nodes import Batch, Pack, WindowShuffle
+
+        p = self.prepare()
+        node: Any = LaneWorkSource(p.plan, ctx.lane)
+        wc = self.tokenize_workers or ctx.workers
+        node = OrderedMapper(node, batch_fn=p.fetch, workers=wc, pool=ctx.pool(wc), chunk_size=self.chunk_size,
+                             max_in_flight=ctx.max_in_flight(wc), lane=ctx.lane, name="fetch+tokenize")
+        pad = p.tokenizer.pad_id if p.tokenizer.pad_id is not None else (p.tokenizer.eos_id or 0)
+        node = Pack(node, seq_len=self.seq_len, algorithm=self.pack_algorithm, flush_every=self.pack_flush_every,
+                    pad_id=pad, max_open=self.pack_max_open)
+        if self.shuffle_buffer > 1:
+            node = WindowShuffle(node, buffer=self.shuffle_buffer, seed=self.seed, lane=ctx.lane)
+        return Batch(node, batch_size=self.rows_per_lane)
+
+    def router(self, world_size: int = 1, rank: int = 0, workers: Optional[WorkerConfig] = None, **kw: Any) -> Router:
+        """This rank's loader (a torchdata node yielding its local batches)."""
+        check_world_size(self.lanes, world_size)
+        return Router(self.build_lane, lanes=self.lanes, world_size=world_size, rank=rank, seed=self.seed,
+                      fingerprint=self.fingerprint, workers=workers or self.workers,
+                      shared_state=self.shared_state, adopt_shared=self.adopt_shared, **kw)
+
+    def global_loader(self, world_size: int = 1, workers: Optional[WorkerConfig] = None, **kw: Any) -> GlobalLoader:
+        """All ``world_size`` ranks in this process: yields global batches (tests, hashes)."""
+        return GlobalLoader(self.build_lane, lanes=self.lanes, world_size=world_size, seed=self.seed,
+                            fingerprint=self.fingerprint, workers=workers or self.workers,
+                            shared_state=self.shared_state, adopt_shared=self.adopt_shared, **kw)
+
+    def __repr__(self) -> str:
+        ds = ", ".join(f"{s.name}={s.weight:g}" for s in self.datasets)
+        return (f"Recipe(seed={self.seed}, lanes={self.lanes}, seq_len={self.seq_len}, global_batch_size={self.global_batch_size}, "
+                f"datasets=[{ds}], pack={self.pack_algorithm}, shuffle={self.shuffle_buffer}, workers={self.workers.count} {self.workers.backend})")
+
+
+class _Ones:
+    """record_bytes stand-in for mixing by samples: every record weighs 1."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = list(sizes)
+        self._cache: Dict[int, np.ndarray] = {}
+
+    def __call__(self, shard: int) -> np.ndarray:
+        a = self._cache.get(shard)
+        if a is None:
+            a = self._cache[shard] = np.ones(self.sizes[shard], dtype=np.int64)
+        return a

@@ -1,0 +1,275 @@
+"""The WorkSource: which records each lane reads, in which order, planned from metadata alone.
+
+For every dataset, the records of all epochs form one stream of positions
+``q = epoch * N + p``; position ``p`` of an epoch is mapped to a record through a seeded shard
+order and a seeded within-shard order (both :class:`IndexPermutation`: O(1) memory, a new order
+every epoch). Lane ``l`` of ``L`` takes the positions ``l, l+L, l+2L, ...``, so within an epoch
+every record is read by exactly one lane, once, and each lane computes its own slice directly
+without enumerating the others'.
+
+Lanes interleave datasets by *estimated tokens*: each record's byte size (metadata) times the
+dataset's measured tokens per byte. At every draw the lane picks the dataset whose estimated
+tokens in the current schedule phase are furthest below its weight (a deterministic deficit
+rule: no random draw, so shares converge within one document's tokens). Weights may change at
+given steps (a curriculum); a lane knows its step from its own estimated token count. The
+lane's state is a few integers per dataset.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .node import StateError, ZNode
+from .permute import IndexPermutation
+from .seeding import stable_u64
+
+__all__ = ["DatasetPlan", "WorkItem", "WorkPlan", "LaneWorkSource", "WeightSchedule"]
+
+POLICIES = ("repeat", "stop")
+
+
+class WorkItem(NamedTuple):
+    """One record to read: dataset / shard / record indices, plus where it sits in the plan."""
+
+    dataset: int
+    shard: int
+    record: int
+    epoch: int
+    position: int  # q: position in the dataset's multi-epoch stream
+
+    @property
+    def provenance(self) -> str:
+        return f"dataset #{self.dataset}, shard #{self.shard}, record {self.record} (epoch {self.epoch})"
+
+
+@dataclass
+class DatasetPlan:
+    """What the WorkSource knows of a dataset: sizes and byte lengths, no contents."""
+
+    name: str
+    shard_sizes: Sequence[int]
+    record_bytes: Callable[[int], np.ndarray]  # shard -> byte size of each record
+    tokens_per_byte: float = 1.0
+    tokens_per_record: float = 0.0  # fixed per-record extra (BOS/EOS)
+    policy: str = "repeat"
+    epochs: Optional[int] = None  # with policy "stop": how many epochs (default 1)
+    num_records: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"dataset {self.name!r}: policy must be one of {POLICIES}, got {self.policy!r}")
+        self.shard_sizes = [int(s) for s in self.shard_sizes]
+        self.num_records = int(sum(self.shard_sizes))
+        if not self.tokens_per_byte > 0:
+            raise ValueError(f"dataset {self.name!r}: tokens_per_byte must be > 0, got {self.tokens_per_byte}")
+
+    @property
+    def stream_length(self) -> Optional[int]:
+        """Positions available to all lanes together (None = unbounded)."""
+        if self.policy == "repeat":
+            return None
+        return self.num_records * (self.epochs or 1)
+
+
+@dataclass
+class WeightSchedule:
+    """Piecewise-constant mixture weights: ``phases[i] = (start_step, weights)``."""
+
+    phases: List[Tuple[int, List[float]]]
+
+    def __post_init__(self) -> None:
+        if not self.phases or self.phases[0][0] != 0:
+            raise ValueError("a weight schedule must start at step 0")
+        steps = [s for s, _ in self.phases]
+        if steps != sorted(set(steps)):
+            raise ValueError(f"weight schedule steps must be strictly increasing, got {steps}")
+        n = len(self.phases[0][1])
+        for s, w in self.phases:
+            if len(w) != n:
+                raise ValueError(f"weight schedule phase at step {s} has {len(w)} weights, expected {n}")
+            if any((not math.isfinite(x)) or x < 0 for x in w) or sum(w) <= 0:
+                raise ValueError(f"weights at step {s} must be finite, >= 0 and not all 0, got {w}")
+
+    def phase_at(self, step: float) -> int:
+        i = 0
+        for j, (s, _) in enumerate(self.phases):
+            if step >= s:
+                i = j
+        return i
+
+    def weights(self, phase: int) -> List[float]:
+        w = self.phases[phase][1]
+        total = float(sum(w))
+        return [x / total for x in w]
+
+
+class _EpochOrder:
+    """Position -> (shard, record) for one dataset epoch, with O(shards) memory."""
+
+    def __init__(self, seed: int, ds_index: int, sizes: Sequence[int], epoch: int) -> None:
+        self.key = (seed, ds_index, epoch)
+        n_shards = len(sizes)
+        shard_perm = IndexPermutation(n_shards, stable_u64("shards", seed, ds_index, epoch))
+        self.order = shard_perm.take(np.arange(n_shards)) if n_shards else np.zeros(0, dtype=np.int64)
+        ordered_sizes = np.asarray(sizes, dtype=np.int64)[self.order] if n_shards else np.zeros(0, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(ordered_sizes)])
+        self._perms: Dict[int, IndexPermutation] = {}
+        self.sizes = sizes
+
+    def locate(self, p: int) -> Tuple[int, int]:
+        j = int(np.searchsorted(self.starts, p, side="right")) - 1
+        shard = int(self.order[j])
+        perm = self._perms.get(shard)
+        if perm is None:
+            seed, ds, epoch = self.key
+            perm = IndexPermutation(self.sizes[shard], stable_u64("records", seed, ds, epoch, shard))
+            if len(self._perms) > 64:
+                self._perms.clear()
+            self._perms[shard] = perm
+        return shard, perm[p - int(self.starts[j])]
+
+
+class WorkPlan:
+    """The curriculum of a run: datasets, seed, lanes, schedule. Pure description, no I/O."""
+
+    def __init__(self, datasets: Sequence[DatasetPlan], *, seed: int, lanes: int, schedule: WeightSchedule,
+                 tokens_per_step: float) -> None:
+        if not datasets:
+            raise ValueError("a WorkPlan needs at least one dataset")
+        if len(schedule.phases[0][1]) != len(datasets):
+            raise ValueError(f"the weight schedule has {len(schedule.phases[0][1])} weights for {len(datasets)} datasets")
+        for d in datasets:
+            if d.num_records == 0:
+                raise ValueError(f"dataset {d.name!r} has no records; remove it from the recipe or fix its path")
+        self.datasets = list(datasets)
+        self.seed, self.lanes, self.schedule = seed, lanes, schedule
+        self.tokens_per_step = float(tokens_per_step)  # estimated tokens one lane consumes per step
+
+    def lane(self, lane: int) -> "LaneWorkSource":
+        return LaneWorkSource(self, lane)
+
+    def expected_shares(self, phase: int = 0) -> Dict[str, float]:
+        return dict(zip((d.name for d in self.datasets), self.schedule.weights(phase)))
+
+
+class LaneWorkSource(ZNode[WorkItem]):
+    """Lane ``lane``'s slice of the plan as a node yielding :class:`WorkItem` s.
+
+    State: draws so far, per dataset the records taken and their bytes, the schedule phase and
+    the bytes taken per dataset within it. Restoring is O(1): the state *is* the position.
+    """
+
+    node_type = "work_source"
+
+    def __init__(self, plan: WorkPlan, lane: int) -> None:
+        super().__init__()
+        if not 0 <= lane < plan.lanes:
+            raise ValueError(f"lane must be in [0, {plan.lanes}), got {lane}")
+        self.plan, self.lane = plan, lane
+        n = len(plan.datasets)
+        self._orders: List[Optional[_EpochOrder]] = [None] * n
+        self._clear()
+
+    def _clear(self) -> None:
+        n = len(self.plan.datasets)
+        self.draws = 0
+        self.count = [0] * n
+        self.bytes = [0] * n
+        self.phase = 0
+        self.phase_bytes = [0] * n
+        self.phase_count = [0] * n
+
+    def _repr_args(self):
+        yield f"lane={self.lane}/{self.plan.lanes}"
+        yield "datasets=" + ",".join(d.name for d in self.plan.datasets)
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        super().reset(initial_state)
+        self._clear()
+        if initial_state is None:
+            return
+        n = len(self.plan.datasets)
+        try:
+            draws, count, nbytes = initial_state["draws"], initial_state["count"], initial_state["bytes"]
+            phase, pbytes, pcount = initial_state["phase"], initial_state["phase_bytes"], initial_state["phase_count"]
+        except KeyError as e:
+            raise StateError(f"{self!r}: work source state lacks {e}; it is truncated or from another version") from None
+        for name, v in (("count", count), ("bytes", nbytes), ("phase_bytes", pbytes), ("phase_count", pcount)):
+            if not (isinstance(v, list) and len(v) == n and all(isinstance(x, int) and x >= 0 for x in v)):
+                raise StateError(f"{self!r}: state field {name!r} must list {n} non-negative integers (one per dataset), got {v!r}; the recipe's datasets changed")
+        if not isinstance(draws, int) or not isinstance(phase, int) or not 0 <= phase < len(self.plan.schedule.phases):
+            raise StateError(f"{self!r}: invalid draws/phase in state")
+        self.draws, self.count, self.bytes = draws, list(count), list(nbytes)
+        self.phase, self.phase_bytes, self.phase_count = phase, list(pbytes), list(pcount)
+
+    def get_state(self) -> Dict[str, Any]:
+        return self._tagged({
+            "draws": self.draws, "count": list(self.count), "bytes": list(self.bytes), "phase": self.phase,
+            "phase_bytes": list(self.phase_bytes), "phase_count": list(self.phase_count),
+        })
+
+    # -- planning ---------------------------------------------------------------------------
+    def _position(self, d: int, k: int) -> int:
+        return self.lane + k * self.plan.lanes
+
+    def _available(self, d: int) -> bool:
+        limit = self.plan.datasets[d].stream_length
+        return limit is None or self._position(d, self.count[d]) < limit
+
+    def _est_tokens(self, d: int, nbytes: int, ncount: int) -> float:
+        ds = self.plan.datasets[d]
+        return nbytes * ds.tokens_per_byte + ncount * ds.tokens_per_record
+
+    def estimated_tokens(self) -> float:
+        return sum(self._est_tokens(d, self.bytes[d], self.count[d]) for d in range(len(self.plan.datasets)))
+
+    def _maybe_advance_phase(self) -> None:
+        step = self.estimated_tokens() / self.plan.tokens_per_step if self.plan.tokens_per_step > 0 else 0.0
+        phase = self.plan.schedule.phase_at(step)
+        if phase != self.phase:
+            self.phase = phase
+            self.phase_bytes = [0] * len(self.plan.datasets)
+            self.phase_count = [0] * len(self.plan.datasets)
+
+    def _choose(self) -> Optional[int]:
+        weights = self.plan.schedule.weights(self.phase)
+        best, best_score = None, math.inf
+        for d, w in enumerate(weights):
+            if w <= 0 or not self._available(d):
+                continue
+            score = self._est_tokens(d, self.phase_bytes[d], self.phase_count[d]) / w
+            if score < best_score:  # ties -> lowest index
+                best, best_score = d, score
+        if best is None:  # the phase's datasets are exhausted: fall back to any dataset left
+            for d in range(len(weights)):
+                if self._available(d):
+                    return d
+        return best
+
+    def _locate(self, d: int, q: int) -> Tuple[int, int, int]:
+        ds = self.plan.datasets[d]
+        epoch, p = divmod(q, ds.num_records)
+        order = self._orders[d]
+        if order is None or order.key[2] != epoch:
+            order = self._orders[d] = _EpochOrder(self.plan.seed, d, ds.shard_sizes, epoch)
+        shard, record = order.locate(p)
+        return epoch, shard, record
+
+    def next(self) -> WorkItem:
+        self._maybe_advance_phase()
+        d = self._choose()
+        if d is None:
+            raise StopIteration
+        q = self._position(d, self.count[d])
+        epoch, shard, record = self._locate(d, q)
+        nbytes = int(self.plan.datasets[d].record_bytes(shard)[record])
+        self.draws += 1
+        self.count[d] += 1
+        self.bytes[d] += nbytes
+        self.phase_bytes[d] += nbytes
+        self.phase_count[d] += 1
+        return WorkItem(d, shard, record, epoch, q)
