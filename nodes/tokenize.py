@@ -40,6 +40,30 @@ class TokDoc(NamedTuple):
 _PROCESS_CACHE: Dict[str, "FetchTokenize"] = {}
 
 
+class _LRU:
+    """A small thread-safe LRU of tokenized long documents (their parts come close together)."""
+
+    def __init__(self, size: int) -> None:
+        import collections
+        import threading
+
+        self.size, self._d, self._lock = size, collections.OrderedDict(), threading.Lock()
+
+    def get(self, key: Any) -> Optional[np.ndarray]:
+        with self._lock:
+            v = self._d.get(key)
+            if v is not None:
+                self._d.move_to_end(key)
+            return v
+
+    def put(self, key: Any, value: np.ndarray) -> None:
+        with self._lock:
+            self._d[key] = value
+            self._d.move_to_end(key)
+            while len(self._d) > self.size:
+                self._d.popitem(last=False)
+
+
 def _restore(key: str, state: Dict[str, Any]) -> "FetchTokenize":
     obj = _PROCESS_CACHE.get(key)
     if obj is None:
@@ -57,8 +81,9 @@ class FetchTokenize:
     """
 
     def __init__(self, datasets: Sequence[DatasetIndex], tokenizer: TextTokenizer,
-                 on_error: Optional[Sequence[str]] = None) -> None:
+                 on_error: Optional[Sequence[str]] = None, align: int = 1) -> None:
         self.datasets = list(datasets)
+        self.align = int(align)
         self.tokenizer = tokenizer
         self.on_error = list(on_error or ["raise"] * len(self.datasets))
         for p in self.on_error:
@@ -67,7 +92,8 @@ class FetchTokenize:
         self._key = uuid.uuid4().hex
 
     def __reduce__(self):
-        return (_restore, (self._key, dict(self.__dict__)))
+        state = {k: v for k, v in self.__dict__.items() if k != "_parts_cache"}
+        return (_restore, (self._key, state))
 
     def fetch(self, items: Sequence[WorkItem]) -> List[Any]:
         """Texts (or BadRecord) of ``items``, in order; one read per (dataset, shard) group."""
@@ -81,7 +107,7 @@ class FetchTokenize:
         return out
 
     def __call__(self, items: List[WorkItem]) -> List[TokDoc]:
-        texts = self.fetch(items)
+        texts = self.fetch(items)  # (a part's whole text is read; tokens are sliced below)
         good = [i for i, t in enumerate(texts) if not isinstance(t, BadRecord)]
         out: List[Optional[TokDoc]] = [None] * len(items)
         empty = np.zeros(0, dtype=np.int32)
@@ -91,9 +117,39 @@ class FetchTokenize:
                     raise t.to_error()
                 out[i] = TokDoc(empty, items[i].dataset, items[i], f"{t.locator}: {t.reason}")
         if good:
-            encoded = self.tokenizer.encode_batch([texts[i] for i in good])
+            encoded = self._encode([items[i] for i in good], [texts[i] for i in good])
             for i, toks in zip(good, encoded):
-                out[i] = TokDoc(toks, items[i].dataset, items[i])
+                it = items[i]
+                if it.parts > 1:  # one planned slice of a long document
+                    toks = toks[self.cut(len(toks), it.part, it.parts) : self.cut(len(toks), it.part + 1, it.parts)]
+                out[i] = TokDoc(toks, it.dataset, it)
+        return out  # type: ignore[return-value]
+
+    def cut(self, n: int, i: int, k: int) -> int:
+        """Where part i of k of an n-token document starts. Cuts fall on multiples of ``align``
+        (the row length for packers that never split), so a document that fits a row is never
+        cut, whatever the byte-based estimate said; parts may then be empty."""
+        a = self.align
+        return min(n, -(-(i * n // k) // a) * a) if a > 1 else i * n // k
+
+    def _encode(self, items: Sequence[WorkItem], texts: List[str]) -> List[np.ndarray]:
+        """Encode in one batch; whole multi-part documents are cached so each is tokenized once."""
+        cache = self.__dict__.setdefault("_parts_cache", _LRU(64))
+        out: List[Optional[np.ndarray]] = [None] * len(items)
+        todo = []
+        for j, it in enumerate(items):
+            if it.parts > 1:
+                hit = cache.get((it.dataset, it.shard, it.record))
+                if hit is not None:
+                    out[j] = hit
+                    continue
+            todo.append(j)
+        if todo:
+            for j, toks in zip(todo, self.tokenizer.encode_batch([texts[j] for j in todo])):
+                out[j] = toks
+                it = items[j]
+                if it.parts > 1:
+                    cache.put((it.dataset, it.shard, it.record), toks)
         return out  # type: ignore[return-value]
 
     def __repr__(self) -> str:

@@ -311,9 +311,12 @@ class Recipe:
             )
 
         mixing = r.get("mixing", {})
-        _check_keys("[mixing]", mixing, ["by", "estimate_samples"])
+        _check_keys("[mixing]", mixing, ["by", "estimate_samples", "split_tokens"])
         self.mix_by = _str("[mixing].", "by", mixing.get("by", "tokens"), MIX_BY)
         self.estimate_samples = _int("[mixing].", "estimate_samples", mixing.get("estimate_samples", 256), 1)
+        # documents estimated longer than this are planned as several parts, so a single huge
+        # document cannot skew a lane's mix for long (0 = never split)
+        self.split_tokens = _int("[mixing].", "split_tokens", mixing.get("split_tokens", 4 * (self.seq_len + 1)), 0)
 
         sched = r.get("schedule", [])
         if not isinstance(sched, list):
@@ -347,7 +350,7 @@ class Recipe:
             "tokenizer": {"add_bos": self.add_bos, "add_eos": self.add_eos},
             "datasets": [dataclasses.asdict(s) | {"path": None} for s in self.datasets],
             "pack": [self.pack_algorithm, self.pack_flush_every, self.pack_max_open],
-            "shuffle": self.shuffle_buffer, "mixing": [self.mix_by, self.estimate_samples],
+            "shuffle": self.shuffle_buffer, "mixing": [self.mix_by, self.estimate_samples, self.split_tokens],
             "schedule": self.schedule.phases,
         }
 
@@ -389,7 +392,8 @@ class Recipe:
 
             self._prepared = _Prepared(
                 indexes=indexes, tokenizer=tok, estimates=estimates, plan=self._plan(indexes, estimates),
-                fetch=FetchTokenize(indexes, tok, [s.on_error for s in self.datasets]), fingerprint=h.hexdigest()[:32],
+                fetch=FetchTokenize(indexes, tok, [s.on_error for s in self.datasets],
+                                    align=1 if self.pack_algorithm == "greedy" else self.seq_len + 1), fingerprint=h.hexdigest()[:32],
             )
             return self._prepared
 
@@ -400,7 +404,8 @@ class Recipe:
             if self.mix_by == "tokens":
                 est = estimates[s.name]
                 plans.append(DatasetPlan(s.name, sizes, ix.record_bytes, tokens_per_byte=est.tokens_per_byte,
-                                         tokens_per_record=est.tokens_per_record, policy=s.policy, epochs=s.epochs))
+                                         tokens_per_record=est.tokens_per_record, policy=s.policy, epochs=s.epochs,
+                                         split_tokens=self.split_tokens or None))
             else:
                 ones = _Ones(sizes)
                 plans.append(DatasetPlan(s.name, sizes, ones, tokens_per_byte=1.0, tokens_per_record=0.0,
@@ -446,6 +451,11 @@ class Recipe:
         p = self.prepare()
         node: Any = LaneWorkSource(p.plan, ctx.lane)
         wc = self.tokenize_workers or ctx.workers
+        if wc.count > 0:
+            # with our own workers, the tokenizer's internal thread pool only serialises them
+            from .tokenizer import set_tokenizers_parallelism
+
+            set_tokenizers_parallelism(False)
         node = OrderedMapper(node, batch_fn=p.fetch, workers=wc, pool=ctx.pool(wc), chunk_size=self.chunk_size,
                              max_in_flight=ctx.max_in_flight(wc), lane=ctx.lane, name="fetch+tokenize")
         pad = p.tokenizer.pad_id if p.tokenizer.pad_id is not None else (p.tokenizer.eos_id or 0)

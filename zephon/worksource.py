@@ -10,7 +10,10 @@ without enumerating the others'.
 Lanes interleave datasets by *estimated tokens*: each record's byte size (metadata) times the
 dataset's measured tokens per byte. At every draw the lane picks the dataset whose estimated
 tokens in the current schedule phase are furthest below its weight (a deterministic deficit
-rule: no random draw, so shares converge within one document's tokens). Weights may change at
+rule: no random draw, so shares converge within one document's tokens). Records estimated
+longer than ``split_tokens`` are planned as several parts (consecutive token slices of the
+document, each delivered once), so one huge document cannot swing a lane's mix for hundreds of
+steps. Weights may change at
 given steps (a curriculum); a lane knows its step from its own estimated token count. The
 lane's state is a few integers per dataset.
 """
@@ -40,10 +43,13 @@ class WorkItem(NamedTuple):
     record: int
     epoch: int
     position: int  # q: position in the dataset's multi-epoch stream
+    part: int = 0  # a long record is planned as `parts` consecutive token slices
+    parts: int = 1
 
     @property
     def provenance(self) -> str:
-        return f"dataset #{self.dataset}, shard #{self.shard}, record {self.record} (epoch {self.epoch})"
+        part = f", part {self.part + 1}/{self.parts}" if self.parts > 1 else ""
+        return f"dataset #{self.dataset}, shard #{self.shard}, record {self.record} (epoch {self.epoch}{part})"
 
 
 @dataclass
@@ -57,6 +63,7 @@ class DatasetPlan:
     tokens_per_record: float = 0.0  # fixed per-record extra (BOS/EOS)
     policy: str = "repeat"
     epochs: Optional[int] = None  # with policy "stop": how many epochs (default 1)
+    split_tokens: Optional[float] = None  # plan records estimated longer than this as several parts
     num_records: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -66,6 +73,12 @@ class DatasetPlan:
         self.num_records = int(sum(self.shard_sizes))
         if not self.tokens_per_byte > 0:
             raise ValueError(f"dataset {self.name!r}: tokens_per_byte must be > 0, got {self.tokens_per_byte}")
+
+    def parts(self, nbytes: int) -> int:
+        """How many parts a record of ``nbytes`` is planned as (from its estimated tokens)."""
+        if not self.split_tokens:
+            return 1
+        return max(1, math.ceil((nbytes * self.tokens_per_byte + self.tokens_per_record) / self.split_tokens))
 
     @property
     def stream_length(self) -> Optional[int]:
@@ -182,6 +195,7 @@ class LaneWorkSource(ZNode[WorkItem]):
         self.phase = 0
         self.phase_bytes = [0] * n
         self.phase_count = [0] * n
+        self.part = [0] * n  # next part of the record in progress per dataset (0 = none)
 
     def _repr_args(self):
         yield f"lane={self.lane}/{self.plan.lanes}"
@@ -196,20 +210,22 @@ class LaneWorkSource(ZNode[WorkItem]):
         try:
             draws, count, nbytes = initial_state["draws"], initial_state["count"], initial_state["bytes"]
             phase, pbytes, pcount = initial_state["phase"], initial_state["phase_bytes"], initial_state["phase_count"]
+            part = initial_state["part"]
         except KeyError as e:
             raise StateError(f"{self!r}: work source state lacks {e}; it is truncated or from another version") from None
-        for name, v in (("count", count), ("bytes", nbytes), ("phase_bytes", pbytes), ("phase_count", pcount)):
+        for name, v in (("count", count), ("bytes", nbytes), ("phase_bytes", pbytes), ("phase_count", pcount), ("part", part)):
             if not (isinstance(v, list) and len(v) == n and all(isinstance(x, int) and x >= 0 for x in v)):
                 raise StateError(f"{self!r}: state field {name!r} must list {n} non-negative integers (one per dataset), got {v!r}; the recipe's datasets changed")
         if not isinstance(draws, int) or not isinstance(phase, int) or not 0 <= phase < len(self.plan.schedule.phases):
             raise StateError(f"{self!r}: invalid draws/phase in state")
         self.draws, self.count, self.bytes = draws, list(count), list(nbytes)
         self.phase, self.phase_bytes, self.phase_count = phase, list(pbytes), list(pcount)
+        self.part = list(part)
 
     def get_state(self) -> Dict[str, Any]:
         return self._tagged({
             "draws": self.draws, "count": list(self.count), "bytes": list(self.bytes), "phase": self.phase,
-            "phase_bytes": list(self.phase_bytes), "phase_count": list(self.phase_count),
+            "phase_bytes": list(self.phase_bytes), "phase_count": list(self.phase_count), "part": list(self.part),
         })
 
     # -- planning ---------------------------------------------------------------------------
@@ -217,6 +233,8 @@ class LaneWorkSource(ZNode[WorkItem]):
         return self.lane + k * self.plan.lanes
 
     def _available(self, d: int) -> bool:
+        if self.part[d]:
+            return True
         limit = self.plan.datasets[d].stream_length
         return limit is None or self._position(d, self.count[d]) < limit
 
@@ -264,12 +282,19 @@ class LaneWorkSource(ZNode[WorkItem]):
         d = self._choose()
         if d is None:
             raise StopIteration
-        q = self._position(d, self.count[d])
+        ds = self.plan.datasets[d]
+        i = self.part[d]
+        first = i == 0
+        q = self._position(d, self.count[d] - (0 if first else 1))
         epoch, shard, record = self._locate(d, q)
-        nbytes = int(self.plan.datasets[d].record_bytes(shard)[record])
+        nbytes = int(ds.record_bytes(shard)[record])
+        parts = ds.parts(nbytes)
+        share = (i + 1) * nbytes // parts - i * nbytes // parts  # this part's bytes, exact in total
         self.draws += 1
-        self.count[d] += 1
-        self.bytes[d] += nbytes
-        self.phase_bytes[d] += nbytes
-        self.phase_count[d] += 1
-        return WorkItem(d, shard, record, epoch, q)
+        if first:
+            self.count[d] += 1
+            self.phase_count[d] += 1
+        self.bytes[d] += share
+        self.phase_bytes[d] += share
+        self.part[d] = i + 1 if i + 1 < parts else 0
+        return WorkItem(d, shard, record, epoch, q, i, parts)

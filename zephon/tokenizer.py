@@ -1,0 +1,301 @@
+"""The tokenizer handle used by the pipeline.
+
+:class:`TextTokenizer` wraps a Hugging Face ``tokenizers.Tokenizer`` and adds the loader's
+BOS/EOS policy. Its hot call, :meth:`TextTokenizer.encode_batch`, makes one call into Rust per
+batch (``Tokenizer.encode_batch_fast``: no offsets, ``add_special_tokens=False``), which
+releases the GIL, so several Python threads tokenize in parallel. BOS/EOS ids are added here,
+not by the tokenizer's post-processor, so the policy is the loader's and is part of the
+fingerprint.
+
+Threads: ``tokenizers`` also parallelizes *inside* one ``encode_batch_fast`` call on its own
+global Rayon pool unless ``TOKENIZERS_PARALLELISM=false``. Output ids never depend on it, but
+CPU use does: measured here, two Python threads calling ``encode_batch`` scale ~2x only with
+that parallelism off (each call then runs on its calling thread); with it on, all calls share
+one Rayon pool (and with ``RAYON_NUM_THREADS=1`` they serialize). A pipeline that runs its own
+tokenizer threads should call :func:`set_tokenizers_parallelism(False)` (read at each call, so
+it works after import). After a ``fork`` that follows parallel use, ``tokenizers`` turns its
+parallelism off in the child.
+
+Pickling keeps only the path, the flags and a few small fields; a process worker reloads the
+tokenizer lazily on first use and checks that the file still has the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["TextTokenizer", "set_tokenizers_parallelism", "BOS_CANDIDATES", "EOS_CANDIDATES", "PAD_CANDIDATES"]
+
+# Fallback names, tried in order when tokenizer_config.json names no token.
+BOS_CANDIDATES = ("<|bos|>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[BOS]",
+                  "<|endoftext|>")
+EOS_CANDIDATES = ("<|eos|>", "</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[EOS]",
+                  "<|im_end|>")
+PAD_CANDIDATES = ("<|pad|>", "<pad>", "[PAD]", "<|padding|>")
+
+_EXPECTED = ("tokenizer.json (optionally with tokenizer_config.json naming bos_token/eos_token), "
+             "or a folder that transformers.AutoTokenizer can load with a fast tokenizer")
+
+
+def set_tokenizers_parallelism(enabled: bool) -> None:
+    """Turn the ``tokenizers`` library's internal (Rayon) parallelism on or off for this process
+    (it reads ``TOKENIZERS_PARALLELISM`` at every call). Turn it off when the pipeline runs its
+    own tokenizer threads, so N threads use N cores and nothing else."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if enabled else "false"
+
+
+def _token_content(v: Any) -> str | None:
+    """tokenizer_config.json stores tokens as "<s>" or {"content": "<s>", ...}."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict) and isinstance(v.get("content"), str):
+        return v["content"]
+    return None
+
+
+class TextTokenizer:
+    """A picklable, thread-safe tokenizer handle with a BOS/EOS policy.
+
+    Args:
+        path: a folder holding ``tokenizer.json`` (and optionally ``tokenizer_config.json``),
+            the ``tokenizer.json`` file itself (a sibling ``tokenizer_config.json`` is read if
+            present), or a folder that ``transformers.AutoTokenizer`` loads offline with a fast
+            tokenizer (used when there is no ``tokenizer.json``).
+        add_bos / add_eos: put ``bos_id`` before / ``eos_id`` after every document.
+        bos_token / eos_token: name the special tokens explicitly (override the config).
+        special_tokens_in_text: when True (the Hugging Face default), a document containing
+            the text of a special token, e.g. "<|eos|>", gets that token's id; when False it is
+            encoded as plain text (``Tokenizer.encode_special_tokens``), so raw documents cannot
+            forge document boundaries. Part of the fingerprint.
+    """
+
+    def __init__(self, path: str | os.PathLike, add_bos: bool = True, add_eos: bool = True,
+                 bos_token: str | None = None, eos_token: str | None = None,
+                 special_tokens_in_text: bool = True) -> None:
+        self.path = os.fspath(path)
+        self.special_tokens_in_text = bool(special_tokens_in_text)
+        self.add_bos = bool(add_bos)
+        self.add_eos = bool(add_eos)
+        self._bos_token_arg = bos_token
+        self._eos_token_arg = eos_token
+        self._lock = threading.Lock()
+        tok, config, source = self._load()
+        if not self.special_tokens_in_text:
+            if not hasattr(tok, "encode_special_tokens"):
+                raise ValueError("special_tokens_in_text=False needs tokenizers >= 0.15 "
+                                 "(Tokenizer.encode_special_tokens)")
+            tok.encode_special_tokens = True
+        self._tok = tok
+        self.source = source  # "tokenizer.json" or "AutoTokenizer"
+        self._resolve_special(tok, config)
+        self.vocab_size = int(tok.get_vocab_size(with_added_tokens=True))
+        self.fingerprint = self._fingerprint(tok)
+        self._fast = hasattr(tok, "encode_batch_fast")
+
+    # ------------------------------------------------------------------ loading
+    def _load(self):
+        from tokenizers import Tokenizer
+
+        p = self.path
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"tokenizer path {p!r} does not exist; expected {_EXPECTED}")
+        if os.path.isdir(p):
+            tj = os.path.join(p, "tokenizer.json")
+            cfg_path = os.path.join(p, "tokenizer_config.json")
+        else:
+            tj = p
+            cfg_path = os.path.join(os.path.dirname(os.path.abspath(p)), "tokenizer_config.json")
+
+        config: dict = {}
+        if os.path.isfile(cfg_path):
+            try:
+                with open(cfg_path, encoding="utf-8") as f:
+                    config = json.load(f)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"cannot read tokenizer config {cfg_path!r}: {e}") from e
+            if not isinstance(config, dict):
+                raise ValueError(f"tokenizer config {cfg_path!r} is not a JSON object")
+
+        if os.path.isfile(tj):
+            try:
+                with open(tj, "rb") as f:
+                    raw = f.read()
+                tok = Tokenizer.from_str(raw.decode("utf-8"))
+            except Exception as e:  # tokenizers raises a plain Exception on bad JSON
+                raise ValueError(
+                    f"cannot load tokenizer file {tj!r} with tokenizers.Tokenizer: {e}; "
+                    f"expected {_EXPECTED}") from e
+            self._json_bytes = raw
+            return tok, config, "tokenizer.json"
+
+        # no tokenizer.json: try transformers.AutoTokenizer, offline
+        if not os.path.isdir(p):
+            raise ValueError(f"{p!r} is not a tokenizer.json file nor a folder; expected {_EXPECTED}")
+        listing = sorted(os.listdir(p))
+        if not any(os.path.isfile(os.path.join(p, f)) for f in listing):
+            raise FileNotFoundError(f"no tokenizer.json in {p!r} (the folder has no files: "
+                                    f"{listing}); expected {_EXPECTED}")
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as e:
+            raise FileNotFoundError(
+                f"no tokenizer.json in {p!r} (found {listing}), and transformers is "
+                f"not installed to try AutoTokenizer; expected {_EXPECTED}") from e
+        try:
+            hf = AutoTokenizer.from_pretrained(p, local_files_only=True)
+        except Exception as e:
+            why = " ".join(str(e).split())
+            raise FileNotFoundError(
+                f"no tokenizer.json in {p!r} (found {listing}); expected {_EXPECTED}. "
+                f"transformers.AutoTokenizer could not load it offline either: {why}") from e
+        backend = getattr(hf, "backend_tokenizer", None)
+        if not getattr(hf, "is_fast", False) or backend is None:
+            raise ValueError(
+                f"{p!r} loads as a slow (Python) tokenizer {type(hf).__name__}; zephon needs a fast "
+                "tokenizer: save one with tokenizer.json (e.g. PreTrainedTokenizerFast.save_pretrained)")
+        tok = Tokenizer.from_str(backend.to_str())  # a private copy
+        self._json_bytes = backend.to_str().encode("utf-8")
+        cfg = dict(config)
+        for key in ("bos_token", "eos_token", "pad_token"):
+            if cfg.get(key) is None and getattr(hf, key, None) is not None:
+                cfg[key] = str(getattr(hf, key))
+        return tok, cfg, "AutoTokenizer"
+
+    def _resolve_special(self, tok, config: dict) -> None:
+        def resolve(kind: str, explicit: str | None, cands: Sequence[str]) -> tuple[str | None, int | None]:
+            name = explicit if explicit is not None else _token_content(config.get(f"{kind}_token"))
+            if name is not None:
+                tid = tok.token_to_id(name)
+                if tid is None:
+                    raise ValueError(
+                        f"{kind}_token {name!r} (from {'the argument' if explicit is not None else 'tokenizer_config.json'}) "
+                        f"is not in the vocabulary of {self.path!r}")
+                return name, int(tid)
+            for c in cands:
+                tid = tok.token_to_id(c)
+                if tid is not None:
+                    return c, int(tid)
+            return None, None
+
+        self.bos_token, self.bos_id = resolve("bos", self._bos_token_arg, BOS_CANDIDATES)
+        self.eos_token, self.eos_id = resolve("eos", self._eos_token_arg, EOS_CANDIDATES)
+        self.pad_token, self.pad_id = resolve("pad", None, PAD_CANDIDATES)
+        for kind, want, tid, cands in (("bos", self.add_bos, self.bos_id, BOS_CANDIDATES),
+                                       ("eos", self.add_eos, self.eos_id, EOS_CANDIDATES)):
+            if want and tid is None:
+                raise ValueError(
+                    f"add_{kind}=True but the tokenizer at {self.path!r} has no {kind.upper()} token "
+                    f"(no {kind}_token in tokenizer_config.json and none of {list(cands)} in the "
+                    f"vocabulary). Fix: set add_{kind} = false, or name the token "
+                    f"({kind}_token=... here, or \"{kind}_token\" in tokenizer_config.json)")
+
+    def _fingerprint(self, tok) -> str:
+        h = hashlib.sha256(self._json_bytes)
+        policy = {"add_bos": self.add_bos, "add_eos": self.add_eos,
+                  "special_tokens_in_text": self.special_tokens_in_text,
+                  "bos_id": self.bos_id if self.add_bos else None,
+                  "eos_id": self.eos_id if self.add_eos else None}
+        h.update(b"\x00zephon.tokenizer\x00")
+        h.update(json.dumps(policy, sort_keys=True).encode("utf-8"))
+        return h.hexdigest()
+
+    # ------------------------------------------------------------------ pickling
+    _STATE_KEYS = ("path", "add_bos", "add_eos", "_bos_token_arg", "_eos_token_arg",
+                   "special_tokens_in_text", "source",
+                   "bos_token", "bos_id", "eos_token", "eos_id", "pad_token", "pad_id",
+                   "vocab_size", "fingerprint")
+
+    def __getstate__(self) -> dict:
+        return {k: getattr(self, k) for k in self._STATE_KEYS}
+
+    def __setstate__(self, state: dict) -> None:
+        for k in self._STATE_KEYS:
+            setattr(self, k, state[k])
+        self._lock = threading.Lock()
+        self._tok = None  # reloaded lazily in this process
+
+    def _tokenizer(self):
+        tok = self._tok
+        if tok is not None:
+            return tok
+        with self._lock:
+            if self._tok is None:
+                fp = self.fingerprint
+                fresh = TextTokenizer(self.path, self.add_bos, self.add_eos,
+                                      self._bos_token_arg, self._eos_token_arg,
+                                      self.special_tokens_in_text)
+                if fresh.fingerprint != fp:
+                    raise ValueError(
+                        f"tokenizer at {self.path!r} changed since this handle was created "
+                        f"(fingerprint {fresh.fingerprint[:12]} != {fp[:12]})")
+                self._fast = fresh._fast
+                self._tok = fresh._tok
+            return self._tok
+
+    # ------------------------------------------------------------------ encoding
+    def _encodings(self, texts: list[str]):
+        tok = self._tokenizer()
+        if not isinstance(texts, list):
+            texts = list(texts)
+        if self._fast:
+            return tok.encode_batch_fast(texts, add_special_tokens=False)
+        return tok.encode_batch(texts, add_special_tokens=False)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """Token ids of each text as int32 arrays, with BOS/EOS added per the policy.
+
+        One Rust call for the whole batch (the GIL is released inside it); thread-safe.
+        """
+        encs = self._encodings(texts)
+        lead = 1 if self.add_bos else 0
+        extra = lead + (1 if self.add_eos else 0)
+        bos, eos = self.bos_id, self.eos_id
+        out = []
+        for e in encs:
+            ids = e.ids
+            if extra == 0:
+                out.append(np.array(ids, dtype=np.int32))
+                continue
+            n = len(ids)
+            a = np.empty(n + extra, dtype=np.int32)
+            a[lead:lead + n] = ids
+            if lead:
+                a[0] = bos
+            if self.add_eos:
+                a[-1] = eos
+            out.append(a)
+        return out
+
+    def encode(self, text: str) -> np.ndarray:
+        """One text; same as ``encode_batch([text])[0]`` (prefer batches on hot paths)."""
+        return self.encode_batch([text])[0]
+
+    def count_tokens(self, texts: list[str]) -> int:
+        """Total tokens of ``texts``, BOS/EOS included: ``sum(map(len, encode_batch(texts)))``."""
+        encs = self._encodings(texts)
+        per_doc = (1 if self.add_bos else 0) + (1 if self.add_eos else 0)
+        return sum(len(e) for e in encs) + per_doc * len(encs)
+
+    def decode(self, ids: Iterable[int] | np.ndarray, skip_special_tokens: bool = False) -> str:
+        """Text of ``ids`` (special tokens kept unless ``skip_special_tokens``)."""
+        if isinstance(ids, np.ndarray):
+            ids = ids.astype(np.int64, copy=False).tolist()
+        else:
+            ids = [int(i) for i in ids]
+        return self._tokenizer().decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tokenizer().token_to_id(token)
+
+    def __repr__(self) -> str:
+        return (f"TextTokenizer({self.path!r}, add_bos={self.add_bos}, add_eos={self.add_eos}, "
+                f"vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id}, "
+                f"fingerprint={self.fingerprint[:12]})")
