@@ -46,7 +46,7 @@ def test_hashes_across_world_sizes_and_resume(recipe_path, tmp_path):
 def test_inspect(recipe_path):
     out = zephon("inspect", recipe_path, "--show", 2, "--world-size", 2)
     assert out.returncode == 0, out.stderr
-    for needle in ("web", "code", "books", "tok/byte", "target", "expected", "rank 1/2: lanes 4..7", "row 1:", "‖"):
+    for needle in ("web", "code", "books", "tok/byte", "target", "expected", "rank 1/2: lanes 4..7", "row 1:", "‖", "packing efficiency", "realized token shares"):
         assert needle in out.stdout, needle
 
 

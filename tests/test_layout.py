@@ -32,3 +32,16 @@ def test_import_zephon_does_not_import_torchtitan():
     code = "import sys, zephon, zephon.nodes; print('torchtitan' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_regular_wheel_ships_nodes_only_as_zephon_nodes(tmp_path):
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", str(ROOT), "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path)], check=True, capture_output=True)
+    (whl,) = tmp_path.glob("zephon-*.whl")
+    names = zipfile.ZipFile(whl).namelist()
+    assert not [n for n in names if n.startswith("nodes/")]
+    for needed in ("zephon/nodes/pack.py", "zephon/nodes/__init__.py", "zephon/assets/tokenizer/tokenizer.json",
+                   "zephon/datasets/index.py"):
+        assert needed in names, needed

@@ -33,3 +33,11 @@ def test_huge_domain_is_o1_memory():
 def test_out_of_range():
     with pytest.raises(IndexError):
         IndexPermutation(3, 0)[3]
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(min_value=1, max_value=10**15), key=st.integers(min_value=0, max_value=2**64 - 1))
+def test_scalar_path_equals_vector_path(n, key):
+    p = IndexPermutation(n, key)
+    idx = np.unique(np.linspace(0, n - 1, num=min(n, 50)).astype(np.int64))
+    assert [p[int(i)] for i in idx] == p.take(idx).tolist()

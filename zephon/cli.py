@@ -164,6 +164,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     i.add_argument("recipe")
     i.add_argument("--show", type=int, default=0)
     i.add_argument("--world-size", type=int, default=None)
+    i.add_argument("--measure-steps", type=int, default=4, help="steps run to measure packing efficiency")
     args = parser.parse_args(argv)
 
     from zephon import PipelineError, Recipe, RecipeError, StateError
@@ -185,13 +186,20 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         if args.cmd == "inspect":
             print(describe_plan(recipe, args.world_size))
-            if args.show:
-                from zephon import WorkerConfig
+            from zephon import WorkerConfig
 
-                p = recipe.prepare()
-                names = [d.name for d in recipe.datasets]
-                with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
-                    b = next(g)
+            p = recipe.prepare()
+            names = [d.name for d in recipe.datasets]
+            with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
+                batches = [next(g) for _ in range(args.measure_steps)]
+            valid = sum(int((b["document_ids"] >= 0).sum()) for b in batches)
+            total = sum(b["document_ids"].size for b in batches)
+            per_ds = np.bincount(np.concatenate([b["dataset"][b["dataset"] >= 0].ravel() for b in batches]),
+                                 minlength=len(names)) / max(valid, 1)
+            print(f"packing efficiency over the first {len(batches)} steps: {valid / max(total, 1):.2%} non-padding tokens; "
+                  "realized token shares: " + ", ".join(f"{n} {s:.3f}" for n, s in zip(names, per_ds)))
+            if args.show:
+                b = batches[0]
                 print()
                 for r in range(min(args.show, len(b["input"]))):
                     print(f"row {r}: " + format_row(p.tokenizer, {k: v[r] for k, v in b.items()}, names, width=2000))

@@ -48,6 +48,7 @@ class IndexPermutation:
         self._mask = np.uint64((1 << self._half) - 1)
         keys = _mix64(np.arange(1, self.ROUNDS + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(self.key))
         self._round_keys = [np.uint64(k) for k in keys]
+        self._int_keys = [int(k) for k in keys]
 
     def __len__(self) -> int:
         return self.n
@@ -76,9 +77,24 @@ class IndexPermutation:
         return out.astype(np.int64)
 
     def __getitem__(self, i: int) -> int:
+        """One position, in plain Python integers (no numpy overhead: the per-record hot path)."""
         if not 0 <= i < self.n:
             raise IndexError(f"index {i} out of range for a permutation of size {self.n}")
-        return int(self.take(np.array([i]))[0])
+        x = self._feistel_int(int(i))
+        while x >= self.n:
+            x = self._feistel_int(x)
+        return x
+
+    def _feistel_int(self, x: int) -> int:
+        h, mask, m64 = self._half, int(self._mask), 0xFFFFFFFFFFFFFFFF
+        left, right = x >> h, x & mask
+        for k in self._int_keys:
+            z = right ^ k
+            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m64
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m64
+            z ^= z >> 31
+            left, right = right, left ^ (z & mask)
+        return (left << h) | right
 
     def __repr__(self) -> str:
         return f"IndexPermutation(n={self.n}, key={self.key})"
