@@ -8,6 +8,7 @@ Operators use only zephon's public API, so a user's own operator is a first-clas
 from .batch import Batch
 from .pack import Pack
 from .shuffle import WindowShuffle
+from .skips import SkipCounter
 from .tokenize import FetchTokenize, TokDoc
 
-__all__ = ["Batch", "FetchTokenize", "Pack", "TokDoc", "WindowShuffle"]
+__all__ = ["Batch", "FetchTokenize", "Pack", "SkipCounter", "TokDoc", "WindowShuffle"]

@@ -10,7 +10,7 @@ from zephon.checkpoint import MAX_ENTRY_BYTES, load_state, migrate, save_state
 
 
 def good():
-    return {"type": "router", "version": 1, "format_version": 1, "lanes": 2, "seed": 0, "fingerprint": "f", "step": 3, "shared": {},
+    return {"type": "router", "version": 1, "format_version": 2, "lanes": 2, "seed": 0, "fingerprint": "f", "step": 3, "shared": {},
             "lane_00000": {"a": 1}, "lane_00001": {"a": 2}}
 
 

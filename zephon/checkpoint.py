@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterable, Mapping
+from typing import Any, Callable, Dict, Iterable, List, Mapping
 
 from .node import StateError
 
 __all__ = [
     "FORMAT_VERSION", "SHARED_KEY", "MAX_ENTRY_BYTES", "lane_key", "is_lane_key", "merge_states",
-    "encode_state", "decode_state", "save_state", "load_state", "parse_json", "migrate",
+    "encode_state", "decode_state", "save_state", "load_state", "parse_json", "migrate", "register_lane_migration",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SHARED_KEY = "zephon"
 MAX_ENTRY_BYTES = 1 << 20  # a lane state is ~1 KB; anything near this is corrupt or hostile
 
@@ -102,18 +102,44 @@ def decode_state(encoded: Mapping[str, Any]) -> Dict[str, Any]:
     return migrate(state)
 
 
+# Format history:
+#   1: rank-level entries without "shared"; text lanes had no skip_counter node.
+#   2: "shared" holds derived, rank-independent values (token estimates, data and tokenizer
+#      fingerprints); text lanes count skipped records (skip_counter between mapper and pack).
+_LANE_MIGRATIONS: Dict[int, List[Callable[[Dict[str, Any]], Dict[str, Any]]]] = {}
+
+
+def register_lane_migration(from_version: int, fn: Callable[[Dict[str, Any]], Dict[str, Any]]) -> None:
+    """Register how a pipeline's lane state moves from ``from_version`` to the next version.
+
+    A migration must recognise its own pipeline's states and return any other state unchanged.
+    """
+    _LANE_MIGRATIONS.setdefault(from_version, []).append(fn)
+
+
 def migrate(state: Dict[str, Any]) -> Dict[str, Any]:
     """Bring a state written by an older format version to the current one, explicitly."""
     version = state.get("format_version")
-    if version == FORMAT_VERSION:
-        return state
-    if not isinstance(version, int):
+    if not isinstance(version, int) or isinstance(version, bool):
         raise StateError(f"checkpoint has no valid format_version ({version!r}); it is corrupt or not a zephon checkpoint")
     if version > FORMAT_VERSION:
         raise StateError(
             f"checkpoint format_version {version} is newer than this zephon supports ({FORMAT_VERSION}); upgrade zephon to load it"
         )
-    raise StateError(f"no migration from checkpoint format_version {version} to {FORMAT_VERSION}")
+    if version < 1:
+        raise StateError(f"no migration from checkpoint format_version {version} to {FORMAT_VERSION}")
+    if version == FORMAT_VERSION:
+        return state
+    state = dict(state)
+    while version < FORMAT_VERSION:
+        if version == 1:
+            state.setdefault("shared", {})
+        for k in [k for k in state if is_lane_key(k)]:
+            for fn in _LANE_MIGRATIONS.get(version, []):
+                state[k] = fn(state[k])
+        version += 1
+        state["format_version"] = version
+    return state
 
 
 def save_state(path: str | os.PathLike, state: Mapping[str, Any]) -> None:

@@ -211,6 +211,13 @@ class Router(ZNode[Any]):
                 f"the checkpoint was written with seed = {state.get('seed')!r} but the pipeline has seed = "
                 f"{self.seed}; set seed = {state.get('seed')!r} to resume, or start a new run."
             )
+        shared = state.get("shared")
+        if not isinstance(shared, dict):
+            raise StateError(f"checkpoint 'shared' entry must be a JSON object, got {type(shared).__name__}")
+        if self.adopt_shared is not None and self.adopt_shared(shared) and self._lanes is not None:
+            for n in self._lanes:  # built with other derived values: rebuild them
+                getattr(n, "close", lambda: None)()
+            self._lanes = None
         if state.get("fingerprint") != self.fingerprint:
             raise StateError(
                 f"the recipe changed since the checkpoint was written (fingerprint {state.get('fingerprint')!r} "
@@ -227,14 +234,7 @@ class Router(ZNode[Any]):
             self.step = 0
             return
         self.check_compatible(initial_state)
-        shared = initial_state.get("shared")
-        if not isinstance(shared, dict):
-            raise StateError(f"checkpoint 'shared' entry must be a JSON object, got {type(shared).__name__}")
-        if self.adopt_shared is not None and self.adopt_shared(shared) and self._lanes is not None:
-            for n in self._lanes:  # built with other derived values: rebuild them
-                getattr(n, "close", lambda: None)()
-            self._lanes = None
-            nodes = self.lane_nodes
+        nodes = self.lane_nodes
         missing = [lane_key(l) for l in self.owned if lane_key(l) not in initial_state]
         if missing:
             raise StateError(

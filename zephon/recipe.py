@@ -107,6 +107,8 @@ class DatasetSpec:
     policy: str = "repeat"
     epochs: Optional[int] = None
     on_error: str = "raise"
+    max_skipped: Optional[int] = None  # with on_error = "skip": run-wide budget (enforced per lane)
+    max_skipped_fraction: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -260,6 +262,17 @@ class Recipe:
                 epochs = _int(f"{where}.", "epochs", epochs, 1)
                 if policy != "stop":
                     raise _fail(f"recipe: {where}.epochs only applies with policy = \"stop\" (\"repeat\" cycles forever); set policy = \"stop\" or remove epochs")
+            on_error = _str(f"{where}.", "on_error", d.get("on_error", "raise"), ("raise", "skip"))
+            max_skipped = d.get("max_skipped")
+            max_frac = d.get("max_skipped_fraction")
+            if (max_skipped is not None or max_frac is not None) and on_error != "skip":
+                raise _fail(f"recipe: {where}: max_skipped / max_skipped_fraction only apply with on_error = \"skip\"")
+            if max_skipped is not None:
+                max_skipped = _int(f"{where}.", "max_skipped", max_skipped, 0)
+            if max_frac is not None:
+                max_frac = _num(f"{where}.", "max_skipped_fraction", max_frac)
+                if max_frac > 1:
+                    raise _fail(f"recipe: {where}.max_skipped_fraction is a fraction in [0, 1], got {max_frac}")
             specs.append(DatasetSpec(
                 name=name, path=path,
                 format=_str(f"{where}.", "format", d.get("format", "auto"), ("auto",) + tuple(FORMATS)),
@@ -267,7 +280,7 @@ class Recipe:
                 text_mode=_str(f"{where}.", "text_mode", d.get("text_mode", "line"), tuple(TEXT_MODES)),
                 weight=_num(f"{where}.", "weight", d.get("weight", 1.0)),
                 policy=policy, epochs=epochs,
-                on_error=_str(f"{where}.", "on_error", d.get("on_error", "raise"), ("raise", "skip")),
+                on_error=on_error, max_skipped=max_skipped, max_skipped_fraction=max_frac,
             ))
         names = [s.name for s in specs]
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -419,11 +432,34 @@ class Recipe:
 
     # -- checkpoint-carried derived values ---------------------------------------------------
     def shared_state(self) -> Dict[str, Any]:
-        est = self.prepare().estimates
-        return {"token_estimates": {k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(est.items())}}
+        p = self.prepare()
+        return {
+            "token_estimates": {k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(p.estimates.items())},
+            "data": {s.name: ix.fingerprint[:16] for s, ix in zip(self.datasets, p.indexes)},
+            "tokenizer": p.tokenizer.fingerprint[:16],
+        }
 
     def adopt_shared(self, shared: Dict[str, Any]) -> bool:
-        """Use the token estimates recorded in a checkpoint; True if they differ from ours."""
+        """Check a checkpoint's data and tokenizer against ours (naming what changed), then use
+        its token estimates; True if they differ from ours."""
+        from .node import StateError
+
+        p = self.prepare()
+        data = shared.get("data", {})
+        for s, ix in zip(self.datasets, p.indexes):
+            old = data.get(s.name)
+            if old is not None and old != ix.fingerprint[:16]:
+                raise StateError(
+                    f"the files of dataset {s.name!r} changed since the checkpoint was written (a shard was "
+                    f"added, removed or modified under {s.path!r}): resuming would feed different data. Restore "
+                    "the original files, or start a new run from this data."
+                )
+        tok = shared.get("tokenizer")
+        if tok is not None and tok != p.tokenizer.fingerprint[:16]:
+            raise StateError(
+                f"the tokenizer at {self.tokenizer_path!r} (or the BOS/EOS policy) changed since the checkpoint "
+                "was written; restore it, or start a new run."
+            )
         raw = shared.get("token_estimates")
         if raw is None:
             return False
@@ -446,7 +482,7 @@ class Recipe:
     # -- pipelines --------------------------------------------------------------------------
     def build_lane(self, ctx: LaneContext):
         """The pipeline of one lane (a torchdata BaseNode yielding micro-batches)."""
-        from zephon.nodes import Batch, Pack, WindowShuffle
+        from zephon.nodes import Batch, Pack, SkipCounter, WindowShuffle
 
         p = self.prepare()
         node: Any = LaneWorkSource(p.plan, ctx.lane)
@@ -458,6 +494,10 @@ class Recipe:
             set_tokenizers_parallelism(False)
         node = OrderedMapper(node, batch_fn=p.fetch, workers=wc, pool=ctx.pool(wc), chunk_size=self.chunk_size,
                              max_in_flight=ctx.max_in_flight(wc), lane=ctx.lane, name="fetch+tokenize")
+        node = SkipCounter(node, dataset_names=[s.name for s in self.datasets], lanes=self.lanes,
+                           max_skipped=[s.max_skipped for s in self.datasets],
+                           max_fraction=[s.max_skipped_fraction for s in self.datasets],
+                           shard_names=[[sh.path for sh in ix.shards] for ix in p.indexes])
         pad = p.tokenizer.pad_id if p.tokenizer.pad_id is not None else (p.tokenizer.eos_id or 0)
         node = Pack(node, seq_len=self.seq_len, algorithm=self.pack_algorithm, flush_every=self.pack_flush_every,
                     pad_id=pad, max_open=self.pack_max_open)
@@ -482,6 +522,30 @@ class Recipe:
         ds = ", ".join(f"{s.name}={s.weight:g}" for s in self.datasets)
         return (f"Recipe(seed={self.seed}, lanes={self.lanes}, seq_len={self.seq_len}, global_batch_size={self.global_batch_size}, "
                 f"datasets=[{ds}], pack={self.pack_algorithm}, shuffle={self.shuffle_buffer}, workers={self.workers.count} {self.workers.backend})")
+
+
+def _migrate_text_lane_v1(state: Dict[str, Any]) -> Dict[str, Any]:
+    """Format 1 -> 2 for text lanes: insert a skip_counter (counts start at 0) under the pack."""
+    node = state
+    while isinstance(node, dict) and node.get("type") != "pack":
+        node = node.get("anchor")
+    if not isinstance(node, dict) or not isinstance(node.get("anchor"), dict):
+        return state  # not a text lane
+    mapper = node["anchor"]
+    if mapper.get("type") != "ordered_map":
+        return state
+    src = mapper.get("anchor", {})
+    n = len(src.get("count", [])) if isinstance(src, dict) else 0
+    node["anchor"] = {"type": "skip_counter", "version": 1, "upstream": mapper, "seen": [0] * n, "skipped": [0] * n,
+                      "detail": []}
+    if isinstance(src, dict) and src.get("type") == "work_source" and "part" not in src:
+        src["part"] = [0] * n
+    return state
+
+
+from .checkpoint import register_lane_migration  # noqa: E402
+
+register_lane_migration(1, _migrate_text_lane_v1)
 
 
 class _Ones:
