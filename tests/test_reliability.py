@@ -259,3 +259,31 @@ def test_keyboard_interrupt_leaves_no_worker_processes(data, tmp_path):
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in pids if _alive(pid)]
+
+
+def test_externally_killed_worker_surfaces_promptly_and_cleans_up(data):
+    import multiprocessing
+
+    from zephon import PipelineError
+    from zephon.testing import _threads, assert_no_leaks
+
+    root, _ = data
+    before = _threads()
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    g = recipe(root).global_loader(2, workers=WorkerConfig(2, "process"))
+    next(g)
+    victims = multiprocessing.active_children()
+    assert victims
+    os.kill(victims[0].pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(PipelineError, match="worker process died"):
+        for _ in range(10_000):
+            next(g)
+    detected = time.monotonic() - t0
+    assert detected < 30
+    t1 = time.monotonic()
+    g.close()
+    assert_no_leaks(before)
+    print(f"killed worker detected in {detected:.2f} s, cleaned up in {time.monotonic() - t1:.2f} s")
+    if os.path.isdir("/dev/shm"):
+        assert set(os.listdir("/dev/shm")) - shm_before == set(), "shared-memory segments left behind"
