@@ -6,9 +6,12 @@ Operators use only zephon's public API, so a user's own operator is a first-clas
 """
 
 from .batch import Batch
+from .mmpack import MMPack
 from .pack import Pack
 from .shuffle import WindowShuffle
 from .skips import SkipCounter
 from .tokenize import FetchTokenize, TokDoc
+from .vision import FetchVision, MMDoc, VisionConfig
 
-__all__ = ["Batch", "FetchTokenize", "Pack", "SkipCounter", "TokDoc", "WindowShuffle"]
+__all__ = ["Batch", "FetchTokenize", "FetchVision", "MMDoc", "MMPack", "Pack", "SkipCounter", "TokDoc", "VisionConfig",
+           "WindowShuffle"]

@@ -27,7 +27,7 @@ __all__ = ["Pack", "ALGORITHMS", "IGNORE_INDEX"]
 ALGORITHMS = ("greedy", "first_fit", "best_fit")
 IGNORE_INDEX = -100
 
-Segment = Tuple[np.ndarray, int]  # tokens, dataset
+Segment = Tuple[np.ndarray, int, tuple]  # tokens, dataset, provenance
 
 
 class Pack(Accumulator):
@@ -81,11 +81,15 @@ class Pack(Accumulator):
         if n == 0:
             return
         self.tokens_in += n
+        item = getattr(doc, "item", None)
+        base = (item.dataset, item.shard, item.record, item.epoch) if item is not None else (doc.dataset, -1, -1, -1)
+        offset = getattr(doc, "offset", 0)
         if self.algorithm == "greedy":
-            self._accept_greedy(tokens, doc.dataset)
+            self._accept_greedy(tokens, doc.dataset, base, offset)
             return
         for start in range(0, n, self.row_len):
-            self._place(tokens[start : start + self.row_len], doc.dataset)
+            piece = tokens[start : start + self.row_len]
+            self._place(piece, doc.dataset, base + (offset + start, offset + start + len(piece)))
 
     def flush(self) -> None:
         bins, used = self._bins, self._used
@@ -95,7 +99,7 @@ class Pack(Accumulator):
                 self._emit_row(segs, u)
 
     # -- algorithms -------------------------------------------------------------------------
-    def _accept_greedy(self, tokens: np.ndarray, dataset: int) -> None:
+    def _accept_greedy(self, tokens: np.ndarray, dataset: int, base: tuple, offset: int) -> None:
         if not self._bins:
             self._bins, self._used = [[]], [0]
         pos = 0
@@ -103,14 +107,14 @@ class Pack(Accumulator):
         while pos < n:
             room = self.row_len - self._used[0]
             take = min(room, n - pos)
-            self._bins[0].append((tokens[pos : pos + take], dataset))
+            self._bins[0].append((tokens[pos : pos + take], dataset, base + (offset + pos, offset + pos + take)))
             self._used[0] += take
             pos += take
             if self._used[0] == self.row_len:
                 self._emit_row(self._bins[0], self.row_len)
                 self._bins, self._used = ([[]], [0]) if pos < n else ([], [])
 
-    def _place(self, piece: np.ndarray, dataset: int) -> None:
+    def _place(self, piece: np.ndarray, dataset: int, prov: tuple) -> None:
         n = len(piece)
         target = -1
         if self.algorithm == "first_fit":
@@ -131,7 +135,7 @@ class Pack(Accumulator):
             self._bins.append([])
             self._used.append(0)
             target = len(self._bins) - 1
-        self._bins[target].append((piece, dataset))
+        self._bins[target].append((piece, dataset, prov))
         self._used[target] += n
         if self._used[target] == self.row_len:
             self._emit_row(self._bins.pop(target), self._used.pop(target))
@@ -144,7 +148,7 @@ class Pack(Accumulator):
         doc_ids = np.full(L, -1, dtype=np.int32)
         dataset = np.full(L, -1, dtype=np.int16)
         pos = 0
-        for j, (seg, ds) in enumerate(segments):
+        for j, (seg, ds, _) in enumerate(segments):
             k = len(seg)
             tokens[pos : pos + k] = seg
             positions[pos : pos + k] = np.arange(k)
@@ -161,4 +165,5 @@ class Pack(Accumulator):
             "positions": positions[:-1],
             "document_ids": doc_ids[:-1],
             "dataset": dataset[:-1],
+            "provenance": tuple(prov for _, _, prov in segments),
         })

@@ -31,6 +31,7 @@ class TokDoc(NamedTuple):
     dataset: int
     item: WorkItem
     skipped: Optional[str] = None  # reason, when the record was bad and the policy is "skip"
+    offset: int = 0  # index of tokens[0] in the whole document's tokens (parts of long documents)
 
     @property
     def provenance(self) -> str:
@@ -120,9 +121,11 @@ class FetchTokenize:
             encoded = self._encode([items[i] for i in good], [texts[i] for i in good])
             for i, toks in zip(good, encoded):
                 it = items[i]
+                offset = 0
                 if it.parts > 1:  # one planned slice of a long document
-                    toks = toks[self.cut(len(toks), it.part, it.parts) : self.cut(len(toks), it.part + 1, it.parts)]
-                out[i] = TokDoc(toks, it.dataset, it)
+                    offset = self.cut(len(toks), it.part, it.parts)
+                    toks = toks[offset : self.cut(len(toks), it.part + 1, it.parts)]
+                out[i] = TokDoc(toks, it.dataset, it, None, offset)
         return out  # type: ignore[return-value]
 
     def cut(self, n: int, i: int, k: int) -> int:

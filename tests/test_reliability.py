@@ -286,4 +286,6 @@ def test_externally_killed_worker_surfaces_promptly_and_cleans_up(data):
     assert_no_leaks(before)
     print(f"killed worker detected in {detected:.2f} s, cleaned up in {time.monotonic() - t1:.2f} s")
     if os.path.isdir("/dev/shm"):
-        assert set(os.listdir("/dev/shm")) - shm_before == set(), "shared-memory segments left behind"
+        # (other processes on the machine may create segments meanwhile: only ours count)
+        ours = {n for n in set(os.listdir("/dev/shm")) - shm_before if str(os.getpid()) in n}
+        assert not ours, f"shared-memory segments left behind: {ours}"

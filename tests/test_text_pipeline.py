@@ -70,9 +70,16 @@ def test_resume_chain_with_workers(recipe, reference):
 def test_fields_and_shapes(recipe):
     with recipe.global_loader(2) as g:
         b = next(g)
-    assert set(b) == {"input", "labels", "positions", "document_ids", "dataset"}
+    assert set(b) == {"input", "labels", "positions", "document_ids", "dataset", "provenance"}
     for k, v in b.items():
-        assert v.shape == (16, 64), k
+        if k != "provenance":
+            assert v.shape == (16, 64), k
+    # one provenance entry per row, one (dataset, shard, record, epoch, tok_start, tok_end) per segment
+    assert len(b["provenance"]) == 16
+    for row, prov in enumerate(b["provenance"]):
+        segs = np.unique(b["document_ids"][row][b["document_ids"][row] >= 0])
+        assert len(prov) in (len(segs), len(segs) + 1)  # + a segment that is only the row's last label
+        assert all(len(p) == 6 and p[5] > p[4] >= 0 for p in prov)
     assert b["input"].dtype == np.int64 and b["labels"].dtype == np.int64 and b["positions"].dtype == np.int64
 
 

@@ -1,0 +1,184 @@
+"""Packing image-text samples into micro-batches under a token and an image budget.
+
+:class:`MMPack` consumes :class:`zephon.nodes.MMDoc` s (samples with images, or text documents)
+and emits whole lane micro-batches of ``rows`` rows of ``seq_len + 1`` tokens. A sample is
+never split across rows (a text document longer than a row is first cut into row-sized
+pieces; a sample with images never is: the mapper already cut or skipped over-long ones). It
+goes to the first row of the open micro-batch where its tokens fit and where the micro-batch
+stays within ``max_images_per_batch`` images (and the row within ``max_images_per_row``);
+when none fits, the micro-batch is emitted (remaining space padded) and the sample opens the
+next one. The micro-batch also flushes every ``flush_every`` samples (flush and replay: the
+state is the upstream cursor at the last flush point plus outputs since).
+
+A micro-batch (numpy)::
+
+    input, labels, positions    int64 [rows, seq_len]   (labels -100 on vision tokens and padding)
+    document_ids int32, dataset int16 [rows, seq_len]
+    mrope_positions             int64 [rows, seq_len, 3] (with mrope)
+    pixel_values                float32 [patches, patch_dim]: the images' patches, in token order
+    grid_thw                    int64 [images, 3]
+    images_per_row              int64 [rows]
+
+Concatenating micro-batches along axis 0 (lane order) keeps every field consistent, so the
+router's merge of lanes needs no special case.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from zephon import Accumulator
+
+__all__ = ["MMPack", "IGNORE_INDEX"]
+
+IGNORE_INDEX = -100
+
+
+class MMPack(Accumulator):
+    """Pack samples into micro-batches of ``rows`` rows under token and image budgets."""
+
+    node_type = "mm_pack"
+
+    def __init__(self, source: BaseNode, *, seq_len: int, rows: int, patch_dim: int, max_images_per_batch: int,
+                 max_images_per_row: int = 0, flush_every: int = 512, pad_id: int = 0,
+                 ignore_ids: Sequence[int] = (), mrope: bool = True) -> None:
+        super().__init__(source, flush_every=flush_every)
+        if not isinstance(seq_len, int) or seq_len < 2:
+            raise ValueError(f"seq_len must be an integer >= 2, got {seq_len!r}")
+        if not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"rows must be a positive integer, got {rows!r}")
+        if max_images_per_batch < 1:
+            raise ValueError(f"max_images_per_batch must be >= 1, got {max_images_per_batch}")
+        self.seq_len, self.rows, self.patch_dim = seq_len, rows, patch_dim
+        self.row_len = seq_len + 1
+        self.max_images_per_batch, self.max_images_per_row = max_images_per_batch, max_images_per_row
+        self.pad_id, self.mrope = pad_id, mrope
+        self.ignore_ids = np.asarray(sorted(set(int(i) for i in ignore_ids)), dtype=np.int64)
+        self.clear()
+        # observability (not part of the data)
+        self.batches_out = 0
+        self.pad_tokens = 0
+        self.images_out = 0
+
+    def _repr_args(self):
+        yield f"seq_len={self.seq_len}"
+        yield f"rows={self.rows}"
+        yield f"max_images_per_batch={self.max_images_per_batch}"
+        yield f"flush_every={self.flush_every}"
+
+    @property
+    def efficiency(self) -> float:
+        total = self.batches_out * self.rows * self.row_len
+        return 1.0 - self.pad_tokens / total if total else 1.0
+
+    # -- accumulator hooks ------------------------------------------------------------------
+    def clear(self) -> None:
+        self._segs: List[List[Any]] = [[] for _ in range(self.rows)]
+        self._used = [0] * self.rows
+        self._row_images = [0] * self.rows
+        self._images = 0
+
+    def buffer_empty(self) -> bool:
+        return not any(self._used)
+
+    def accept(self, doc: Any) -> None:
+        if getattr(doc, "skipped", None):
+            return
+        tokens = doc.tokens
+        n = len(tokens)
+        if n == 0:
+            return
+        k = doc.num_images if hasattr(doc, "num_images") else 0
+        if k == 0:
+            for start in range(0, n, self.row_len):
+                self._place(doc, start, min(n, start + self.row_len), 0)
+        else:
+            if n > self.row_len or k > self.max_images_per_batch:
+                raise ValueError(f"MMPack: a sample with images must fit a row and the image budget "
+                                 f"({n} tokens, {k} images; {doc.provenance}); the mapper should have cut or skipped it")
+            self._place(doc, 0, n, k)
+
+    def flush(self) -> None:
+        if any(self._used):
+            self._emit()
+        self.clear()
+
+    # -- placement --------------------------------------------------------------------------
+    def _fits(self, r: int, n: int, k: int) -> bool:
+        if self._used[r] + n > self.row_len:
+            return False
+        if k and self._images + k > self.max_images_per_batch:
+            return False
+        if k and self.max_images_per_row and self._row_images[r] + k > self.max_images_per_row:
+            return False
+        return True
+
+    def _place(self, doc: Any, lo: int, hi: int, k: int) -> None:
+        n = hi - lo
+        target = next((r for r in range(self.rows) if self._fits(r, n, k)), None)
+        if target is None:
+            self._emit()
+            self.clear()
+            target = 0
+        self._segs[target].append((doc, lo, hi))
+        self._used[target] += n
+        self._row_images[target] += k
+        self._images += k
+        if all(u == self.row_len for u in self._used):
+            self._emit()
+            self.clear()
+
+    # -- output -----------------------------------------------------------------------------
+    def _emit(self) -> None:
+        B, L = self.rows, self.row_len
+        tokens = np.full((B, L), self.pad_id, dtype=np.int64)
+        positions = np.zeros((B, L), dtype=np.int64)
+        doc_ids = np.full((B, L), -1, dtype=np.int32)
+        dataset = np.full((B, L), -1, dtype=np.int16)
+        mrope = np.zeros((B, L, 3), dtype=np.int64) if self.mrope else None
+        pixels: List[np.ndarray] = []
+        grids: List[np.ndarray] = []
+        per_row = np.zeros(B, dtype=np.int64)
+        labels = np.full((B, L - 1), IGNORE_INDEX, dtype=np.int64)
+        for r in range(B):
+            pos = 0
+            for j, (doc, lo, hi) in enumerate(self._segs[r]):
+                k = hi - lo
+                tokens[r, pos:pos + k] = doc.tokens[lo:hi]
+                positions[r, pos:pos + k] = np.arange(k)
+                doc_ids[r, pos:pos + k] = j
+                dataset[r, pos:pos + k] = doc.dataset
+                if mrope is not None:
+                    m = getattr(doc, "mrope", None)
+                    mrope[r, pos:pos + k] = m[lo:hi] if m is not None else np.arange(k)[:, None]
+                g = getattr(doc, "grid_thw", None)
+                if g is not None and len(g):
+                    pixels.append(doc.pixel_values)
+                    grids.append(g)
+                    per_row[r] += len(g)
+                pos += k
+            used = self._used[r]
+            if used > 1:
+                lab = tokens[r, 1:used].copy()
+                if self.ignore_ids.size:
+                    lab[np.isin(lab, self.ignore_ids)] = IGNORE_INDEX
+                labels[r, : used - 1] = lab
+            self.pad_tokens += L - used
+        self.batches_out += 1
+        self.images_out += int(per_row.sum())
+        out = {
+            "input": tokens[:, :-1],
+            "labels": labels,
+            "positions": positions[:, :-1],
+            "document_ids": doc_ids[:, :-1],
+            "dataset": dataset[:, :-1],
+            "pixel_values": np.concatenate(pixels) if pixels else np.zeros((0, self.patch_dim), np.float32),
+            "grid_thw": np.concatenate(grids) if grids else np.zeros((0, 3), np.int64),
+            "images_per_row": per_row,
+        }
+        if mrope is not None:
+            out["mrope_positions"] = mrope[:, :-1]
+        self.emit(out)

@@ -1,0 +1,380 @@
+"""Vision operators: decode, resize, normalise, patchify, placeholder tokens; run on the mapper.
+
+The per-image steps are plain functions (:func:`decode_image`, :func:`smart_resize`,
+:func:`preprocess_image`, :func:`patchify`) and :class:`FetchVision` is the elementwise batch
+function for :class:`zephon.OrderedMapper` that turns a chunk of WorkItems into
+:class:`MMDoc` s: it reads image-text records, decodes their images (Pillow releases the GIL
+while decoding and resizing, so threads scale), tokenizes all text segments of the chunk in one
+call and lays out each sample's tokens as TorchTitan's multimodal pipeline does::
+
+    [BOS] text... <|vision_start|> <|image_pad|> x N <|vision_end|> text... [EOS]
+
+with ``N = (H / patch) * (W / patch) / merge**2`` for an image resized to H x W. Text-only
+datasets of the same recipe go through :class:`zephon.nodes.FetchTokenize` unchanged.
+
+Layout (TorchTitan 0.3.0, ``hf_datasets/multimodal/utils/image.py::vision_to_patches`` with
+``patch_order="block"``): an image becomes ``temporal_patch_size`` identical frames; patches
+are ordered ``(t, bh, bw, m, n)`` (each merge group contiguous) and each patch vector is
+channel-first ``(c, pt, ph, pw)``: ``patch_dim = 3 * temporal_patch_size * patch**2``;
+``grid_thw = [1, H / patch, W / patch]``.
+
+Every step is deterministic integer or IEEE float32 arithmetic in one library (Pillow's
+bicubic resampling, numpy's elementwise float32 ops), so the bytes do not depend on threads,
+processes or runs. Bad images (corrupt, truncated, zero pixels, above ``max_image_pixels``,
+checked from the header *before* decoding) follow the dataset's ``on_error``.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from zephon.datasets import BadRecord, DataError
+from zephon.datasets.errors import SKIP_HINT
+from zephon.worksource import WorkItem
+
+from .tokenize import FetchTokenize, TokDoc
+
+__all__ = ["VisionConfig", "ImageError", "MMDoc", "FetchVision", "decode_image", "smart_resize",
+           "preprocess_image", "patchify", "mrope_positions", "SPECIAL_NAMES"]
+
+SPECIAL_NAMES = ("image", "video", "vision_start", "vision_end")
+
+
+class ImageError(ValueError):
+    """An image that cannot be used; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """Image settings (the recipe's ``[vision]`` section)."""
+
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    min_pixels: int = 65536
+    max_pixels: int = 16777216
+    mean: Tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: Tuple[float, float, float] = (0.5, 0.5, 0.5)
+    max_image_pixels: int = 64_000_000  # source images above this are refused before decoding
+    max_images_per_batch: int = 128  # per lane micro-batch
+    max_images_per_row: int = 0  # 0 = no per-row limit
+    mrope: bool = True
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    @property
+    def patch_dim(self) -> int:
+        return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
+
+    def target_size(self, width: int, height: int) -> Tuple[int, int]:
+        """(width, height) an image is resized to."""
+        h, w = smart_resize(height, width, self.patch_size, self.merge_size, self.min_pixels, self.max_pixels)
+        return w, h
+
+    def image_tokens(self, width: int, height: int) -> int:
+        """Placeholder tokens of an image of this (oriented) size; 0 if unknown (0 x 0)."""
+        if width <= 0 or height <= 0:
+            return 0
+        try:
+            w, h = self.target_size(width, height)
+        except ImageError:
+            return 0
+        return (h // self.factor) * (w // self.factor)
+
+
+def smart_resize(height: int, width: int, patch_size: int, merge_size: int, min_pixels: int,
+                 max_pixels: int) -> Tuple[int, int]:
+    """Qwen-VL pixel budget: (h, w) multiples of ``patch_size * merge_size`` with
+    ``min_pixels <= h * w <= max_pixels``, aspect kept; the same arithmetic as TorchTitan's
+    ``resize_to_pixel_budget``."""
+    factor = patch_size * merge_size
+    if height <= 0 or width <= 0:
+        raise ImageError(f"the image has zero pixels ({width}x{height})")
+    if height < factor or width < factor:
+        scale = max(factor / width, factor / height)
+        width, height = int(width * scale), int(height * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ImageError(f"aspect ratio {max(height, width) / min(height, width):.1f} is above 200")
+    h_bar = max(round(height / factor) * factor, factor)
+    w_bar = max(round(width / factor) * factor, factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(math.floor(height / beta / factor) * factor, factor)
+        w_bar = max(math.floor(width / beta / factor) * factor, factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def decode_image(data: bytes, max_image_pixels: int = 64_000_000):
+    """Encoded bytes -> an RGB ``PIL.Image`` with EXIF orientation applied.
+
+    The size is checked from the header before any pixel is decoded: zero pixels or more than
+    ``max_image_pixels`` raise :class:`ImageError` (so does anything Pillow cannot decode)."""
+    from PIL import Image, ImageOps
+
+    if not data:
+        raise ImageError("the image is empty (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as e:
+        raise ImageError(f"refused by Pillow's decompression-bomb check ({e})") from None
+    except Exception as e:
+        raise ImageError(f"cannot identify the image ({type(e).__name__}: {e})") from None
+    w, h = im.size
+    if w <= 0 or h <= 0:
+        raise ImageError(f"the image has zero pixels ({w}x{h})")
+    if w * h > max_image_pixels:
+        raise ImageError(f"the image is {w}x{h} = {w * h} pixels, above max_image_pixels = {max_image_pixels} "
+                         "(a decompression bomb or an absurd size)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            im.load()
+            im = ImageOps.exif_transpose(im)
+            if im.mode != "RGB":
+                im = im.convert("RGB")
+    except Exception as e:
+        raise ImageError(f"corrupt or truncated image data ({type(e).__name__}: {e})") from None
+    return im
+
+
+def preprocess_image(data: bytes, cfg: VisionConfig) -> np.ndarray:
+    """Decode, resize to the pixel budget (bicubic), normalise: float32 ``(H, W, 3)``."""
+    from PIL import Image
+
+    im = decode_image(data, cfg.max_image_pixels)
+    tw, th = cfg.target_size(*im.size)
+    if (tw, th) != im.size:
+        im = im.resize((tw, th), Image.Resampling.BICUBIC)
+    x = np.asarray(im, dtype=np.float32)
+    x *= np.float32(1.0 / 255.0)
+    x -= np.asarray(cfg.mean, dtype=np.float32)
+    x /= np.asarray(cfg.std, dtype=np.float32)
+    return x
+
+
+def patchify(img: np.ndarray, patch_size: int, temporal_patch_size: int, merge_size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """``(H, W, C)`` -> (patches ``(N, C * pt * ps * ps)`` float32 in block order, grid_thw ``[1, H/ps, W/ps]``).
+
+    The same layout as TorchTitan's ``vision_to_patches(img[None], ..., patch_order="block")``
+    (an image is repeated to ``temporal_patch_size`` frames)."""
+    H, W, C = img.shape
+    ps, ts, m = patch_size, temporal_patch_size, merge_size
+    if H % (ps * m) or W % (ps * m):
+        raise ValueError(f"image {H}x{W} is not a multiple of patch_size * merge_size = {ps * m}")
+    bh, bw = H // (ps * m), W // (ps * m)
+    x = np.broadcast_to(img[None], (ts, H, W, C))
+    x = x.reshape(1, ts, bh, m, ps, bw, m, ps, C)  # t pt bh m ph bw n pw c
+    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)  # t bh bw m n c pt ph pw
+    patches = np.ascontiguousarray(x.reshape(bh * bw * m * m, C * ts * ps * ps), dtype=np.float32)
+    return patches, np.array([1, H // ps, W // ps], dtype=np.int64)
+
+
+def mrope_positions(tokens: np.ndarray, image_id: int, grids: np.ndarray, merge_size: int) -> np.ndarray:
+    """3D (t, h, w) rotary positions ``(n, 3)`` of one document, as TorchTitan's collator builds
+    them: text tokens count up on all three axes; an image's placeholder run gets its merged
+    grid coordinates offset by the position where it starts; the text after it resumes at the
+    largest position so far + 1."""
+    n = len(tokens)
+    out = np.empty((n, 3), dtype=np.int64)
+    is_img = tokens == image_id
+    cur, i, k = 0, 0, 0
+    while i < n:
+        if is_img[i] and k < len(grids):
+            t, gh, gw = (int(v) for v in grids[k])
+            lh, lw = gh // merge_size, gw // merge_size
+            cnt = min(t * lh * lw, n - i)
+            tt, hh, ww = np.meshgrid(np.arange(t), np.arange(lh), np.arange(lw), indexing="ij")
+            grid = np.stack([tt.ravel(), hh.ravel(), ww.ravel()], axis=1)[:cnt] + cur
+            out[i:i + cnt] = grid
+            cur = int(grid.max()) + 1
+            i += cnt
+            k += 1
+        else:
+            j = i + 1
+            while j < n and not is_img[j]:
+                j += 1
+            out[i:j] = (np.arange(j - i, dtype=np.int64) + cur)[:, None]
+            cur += j - i
+            i = j
+    return out
+
+
+class MMDoc(NamedTuple):
+    """One sample for :class:`zephon.nodes.MMPack`: tokens with placeholder runs, the
+    concatenated patches of its images, their grids, optional MRoPE positions."""
+
+    tokens: np.ndarray  # int32 (n,)
+    dataset: int
+    item: WorkItem
+    pixel_values: Optional[np.ndarray] = None  # float32 (patches, patch_dim), images in order
+    grid_thw: Optional[np.ndarray] = None  # int64 (images, 3)
+    mrope: Optional[np.ndarray] = None  # int64 (n, 3)
+    skipped: Optional[str] = None
+
+    @property
+    def num_images(self) -> int:
+        return 0 if self.grid_thw is None else int(len(self.grid_thw))
+
+    @property
+    def provenance(self) -> str:
+        return self.item.provenance
+
+
+_PROCESS_CACHE: Dict[str, "FetchVision"] = {}
+
+
+def _restore(key: str, state: Dict[str, Any]) -> "FetchVision":
+    obj = _PROCESS_CACHE.get(key)
+    if obj is None:
+        obj = FetchVision.__new__(FetchVision)
+        obj.__dict__.update(state)
+        _PROCESS_CACHE[key] = obj
+    return obj
+
+
+class FetchVision:
+    """``items -> [MMDoc]`` for a recipe mixing text and image-text datasets.
+
+    ``kinds[d]`` is "text", "image_text" or "interleaved"; ``special`` maps ``image``,
+    ``video``, ``vision_start``, ``vision_end`` to token ids; ``row_len`` (seq_len + 1) bounds a
+    sample: one with images that is longer is cut after its last image if possible, else
+    skipped (counted, the same on every world size). Picklable; cached per process.
+    """
+
+    def __init__(self, datasets: Sequence[Any], kinds: Sequence[str], tokenizer: Any, vision: VisionConfig,
+                 special: Dict[str, int], *, on_error: Optional[Sequence[str]] = None, row_len: int) -> None:
+        self.datasets = list(datasets)
+        self.kinds = list(kinds)
+        self.tokenizer = tokenizer
+        self.vision = vision
+        self.special = dict(special)
+        self.on_error = list(on_error or ["raise"] * len(self.datasets))
+        self.row_len = int(row_len)
+        self.text = FetchTokenize(self.datasets, tokenizer, self.on_error, align=self.row_len)
+        self._special_ids = np.array([self.special[k] for k in SPECIAL_NAMES], dtype=np.int64)
+        self._key = uuid.uuid4().hex
+
+    def __reduce__(self):
+        return (_restore, (self._key, dict(self.__dict__)))
+
+    # -- per record ---------------------------------------------------------------------------
+    def _bad(self, it: WorkItem, rec: Any, reason: str) -> MMDoc:
+        """Apply on_error to a bad record: raise (naming dataset, file, key) or a counted skip."""
+        file = getattr(rec, "file", None)
+        loc = getattr(rec, "locator", None)
+        if self.on_error[it.dataset] == "raise":
+            name = self.datasets[it.dataset].name
+            raise DataError(reason, dataset=name, file=file, locator=loc, fix=SKIP_HINT(name))
+        return MMDoc(np.zeros(0, np.int32), it.dataset, it, skipped=f"{reason} ({file}, {loc})")
+
+    def _skip(self, it: WorkItem, reason: str) -> MMDoc:
+        return MMDoc(np.zeros(0, np.int32), it.dataset, it, skipped=reason)
+
+    def __call__(self, items: List[WorkItem]) -> List[MMDoc]:
+        out: List[Optional[MMDoc]] = [None] * len(items)
+        text_idx = [i for i, it in enumerate(items) if self.kinds[it.dataset] == "text"]
+        if text_idx:
+            for i, doc in zip(text_idx, self.text([items[i] for i in text_idx])):
+                out[i] = MMDoc(doc.tokens, doc.dataset, doc.item, skipped=doc.skipped)
+        mm_idx = [i for i, it in enumerate(items) if self.kinds[it.dataset] != "text"]
+        if not mm_idx:
+            return out  # type: ignore[return-value]
+        records: Dict[int, Any] = {}
+        order = sorted(mm_idx, key=lambda i: (items[i].dataset, items[i].shard))
+        for (d, s), group in itertools.groupby(order, key=lambda i: (items[i].dataset, items[i].shard)):
+            idx = list(group)
+            for i, rec in zip(idx, self.datasets[d].read(s, [items[i].record for i in idx])):
+                records[i] = rec
+        # decode images, collect text segments (one tokenizer call for the chunk)
+        texts: List[str] = []
+        prepared: Dict[int, List[Any]] = {}
+        for i in mm_idx:
+            it, rec = items[i], records[i]
+            if isinstance(rec, BadRecord):
+                out[i] = self._bad(it, rec, rec.reason)
+                continue
+            segs: List[Any] = []
+            try:
+                for j, seg in enumerate(rec.segments):
+                    if isinstance(seg, str):
+                        segs.append(("t", len(texts)))
+                        texts.append(seg)
+                    else:
+                        try:
+                            img = preprocess_image(seg, self.vision)
+                        except ImageError as e:
+                            n_img = sum(1 for x in rec.segments[:j] if not isinstance(x, str))
+                            raise ImageError(f"image #{n_img + 1}: {e}") from None
+                        segs.append(("i", patchify(img, self.vision.patch_size, self.vision.temporal_patch_size,
+                                                   self.vision.merge_size)))
+            except ImageError as e:
+                out[i] = self._bad(it, rec, str(e))
+                continue
+            prepared[i] = segs
+        encoded = [np.asarray(e.ids, dtype=np.int32) for e in self.tokenizer._encodings(texts)] if texts else []
+        for i, segs in prepared.items():
+            out[i] = self._assemble(items[i], records[i], segs, encoded)
+        return out  # type: ignore[return-value]
+
+    def _assemble(self, it: WorkItem, rec: Any, segs: List[Any], encoded: List[np.ndarray]) -> MMDoc:
+        v, sp, tok = self.vision, self.special, self.tokenizer
+        parts: List[np.ndarray] = []
+        if tok.add_bos:
+            parts.append(np.array([tok.bos_id], np.int32))
+        patches, grids = [], []
+        m2 = v.merge_size * v.merge_size
+        last_image_end = 0
+        n = len(parts[0]) if parts else 0
+        for kind, val in segs:
+            if kind == "t":
+                ids = encoded[val]
+                if ids.size and np.isin(ids, self._special_ids).any():
+                    return self._bad(it, rec, "the text contains an image/vision placeholder token; it would "
+                                     "misalign images and placeholders")
+                parts.append(ids)
+                n += len(ids)
+            else:
+                p, g = val
+                k = int(g.prod()) // m2
+                run = np.full(k + 2, sp["image"], np.int32)
+                run[0], run[-1] = sp["vision_start"], sp["vision_end"]
+                parts.append(run)
+                n += k + 2
+                last_image_end = n
+                patches.append(p)
+                grids.append(g)
+        if tok.add_eos:
+            parts.append(np.array([tok.eos_id], np.int32))
+            n += 1
+        if len(grids) > v.max_images_per_batch or (v.max_images_per_row and len(grids) > v.max_images_per_row):
+            limit = "max_images_per_batch" if len(grids) > v.max_images_per_batch else "max_images_per_row"
+            return self._skip(it, f"sample has {len(grids)} images, more than [vision].{limit}")
+        tokens = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        if n > self.row_len:
+            if last_image_end > self.row_len:
+                return self._skip(it, f"sample too long: {n} tokens with images ending at token {last_image_end}, "
+                                  f"more than seq_len + 1 = {self.row_len}; raise seq_len or lower [vision].max_pixels")
+            tokens = tokens[: self.row_len]  # cut the text after the last image
+        pix = np.concatenate(patches) if patches else np.zeros((0, v.patch_dim), np.float32)
+        grid = np.stack(grids) if grids else np.zeros((0, 3), np.int64)
+        mrope = mrope_positions(tokens, sp["image"], grid, v.merge_size) if v.mrope else None
+        return MMDoc(tokens, it.dataset, it, pix, grid, mrope)
+
+    def __repr__(self) -> str:
+        return f"FetchVision(datasets={[d.name for d in self.datasets]}, kinds={self.kinds}, vision={self.vision})"
