@@ -107,3 +107,20 @@ class ZNode(BaseNode[T]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(self._repr_args())})"
+
+    def describe(self) -> str:
+        """The node graph from this node up to its sources, one node per line."""
+        lines: List[str] = []
+
+        def walk(node: Any, depth: int) -> None:
+            lines.append("  " * depth + ("└─ " if depth else "") + repr(node))
+            for up in getattr(node, "upstreams", lambda: [])():
+                walk(up, depth + 1)
+
+        walk(self, 0)
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return "<pre class=\"zephon-graph\">" + html.escape(self.describe()) + "</pre>"

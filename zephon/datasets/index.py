@@ -486,6 +486,25 @@ class DatasetIndex:
         self._check_shard(shard)
         return self._get_arrays(shard)["lengths"]
 
+    def locate(self, shard: int, record: int) -> dict:
+        """Where a record lives: ``{"file", "locator"}`` (``line N`` 1-based for line formats,
+        ``row N`` 0-based for Parquet/Arrow, ``whole file``), plus ``byte_offset`` /
+        ``byte_length`` of the line in the (decompressed) file for line formats."""
+        self._check_shard(shard)
+        if not 0 <= record < self.shards[shard].num_records:
+            raise IndexError(f"record {record} out of range for shard {shard} ({self.shards[shard].num_records} records)")
+        out = {"file": self._specs[shard].display}
+        if self.format == "jsonl" or (self.format == "text" and self.text_mode == "line"):
+            a = self._get_arrays(shard)
+            out["locator"] = f"line {line_number(a['gap_rec'], a['gap_cum'], record)}"
+            out["byte_offset"] = int(a["offsets"][record])
+            out["byte_length"] = int(a["lengths"][record])
+        elif self.format == "text":
+            out["locator"] = "whole file"
+        else:
+            out["locator"] = f"row {record}"
+        return out
+
     # -- reads ---------------------------------------------------------------------------------
     def read(self, shard: int, indices: Sequence[int]) -> list[str | BadRecord]:
         """Texts of records ``indices`` (0-based within the shard) of ``shard``, in the order
