@@ -65,6 +65,10 @@ class Pack(Accumulator):
         total = self.rows_out * self.row_len
         return 1.0 - self.pad_tokens / total if total else 1.0
 
+    def extra_metrics(self) -> Dict[str, Any]:
+        return {"rows": self.rows_out, "efficiency": round(self.efficiency, 6), "pad_tokens": self.pad_tokens,
+                "row_tokens": self.rows_out * self.row_len}
+
     # -- accumulator hooks ------------------------------------------------------------------
     def clear(self) -> None:
         self._bins, self._used = [], []

@@ -121,5 +121,5 @@ class SkipCounter(ZNode[Any]):
             by.append({"dataset": self.names[d], "file": shard, "reason": r, "count": c})
         return {"seen": dict(zip(self.names, self.seen)), "skipped": dict(zip(self.names, self.skipped)), "by_file": by}
 
-    def metrics(self) -> Dict[str, Any]:
+    def extra_metrics(self) -> Dict[str, Any]:
         return self.counts()

@@ -80,7 +80,9 @@ def describe_plan(recipe: Any, world_size: Optional[int] = None, draws: int = 40
         except StopIteration:
             break
         ds = p.plan.datasets[it.dataset]
-        est[it.dataset] += ds.record_bytes(it.shard)[it.record] * ds.tokens_per_byte + ds.tokens_per_record
+        nbytes = int(ds.record_bytes(it.shard)[it.record])
+        part_bytes = (it.part + 1) * nbytes // it.parts - it.part * nbytes // it.parts
+        est[it.dataset] += part_bytes * ds.tokens_per_byte + (ds.tokens_per_record if it.part == 0 else 0)
     expected = est / est.sum() if est.sum() else est
     target = recipe.schedule.weights(0)
     for i, (s, ix) in enumerate(zip(recipe.datasets, p.indexes)):

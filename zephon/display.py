@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["BatchView", "show", "provenance", "PALETTE"]
+__all__ = ["BatchView", "Explanation", "explain", "show", "provenance", "PALETTE"]
 
 PALETTE = ["#dbeafe", "#dcfce7", "#fef3c7", "#fce7f3", "#ede9fe", "#cffafe", "#fee2e2", "#e5e7eb"]
 
@@ -167,3 +167,32 @@ class BatchView:
 def show(batch: Dict[str, Any], recipe: Any, **kw: Any) -> BatchView:
     """Wrap a batch for display (Jupyter renders it as HTML, the console as text)."""
     return BatchView(batch, recipe, **kw)
+
+
+class Explanation:
+    """What a pipeline will do: plan, token shares, lane graph and lane-to-rank map."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        return '<pre class="zephon-explain">' + html.escape(self.text) + "</pre>"
+
+
+def explain(recipe: Any, world_size: Optional[int] = None) -> Explanation:
+    """The plan (datasets, sizes, tokens per byte, target vs expected token shares, lanes, rows
+    per lane per step, flush intervals, workers), the node graph of a lane, and for
+    ``world_size`` the lanes each rank owns. Same content as ``zephon inspect``."""
+    from zephon.cli import describe_plan
+    from zephon.lanes import LaneContext
+
+    text = describe_plan(recipe, world_size)
+    lane = recipe.build_lane(LaneContext(seed=recipe.seed, lane=0, lanes=recipe.lanes, workers=recipe.workers))
+    try:
+        graph = lane.describe()
+    finally:
+        lane.close()
+    return Explanation(text + "\n\nnode graph of each lane (lane 0 shown):\n" + graph)

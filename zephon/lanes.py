@@ -253,6 +253,32 @@ class Router(ZNode[Any]):
         self.step += 1
         return self.collate_fn(outs)
 
+    def lane_metrics(self) -> Dict[int, List[Dict[str, Any]]]:
+        """Per owned lane, the metrics of every node of its pipeline (see ZNode.metrics)."""
+        return {l: (n.pipeline_metrics() if isinstance(n, ZNode) else []) for l, n in zip(self.owned, self.lane_nodes)}
+
+    def summary_metrics(self) -> Dict[str, Dict[str, Any]]:
+        """Metrics summed over this rank's lanes, per node type: items, seconds, and each node's
+        numeric counters (skips, rows, pad tokens...)."""
+        out: Dict[str, Dict[str, Any]] = {}
+        for nodes in self.lane_metrics().values():
+            for m in nodes:
+                agg = out.setdefault(m["node"], {})
+                for k, v in m.items():
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        agg[k] = agg.get(k, 0) + v
+                    elif isinstance(v, dict) and all(isinstance(x, int) for x in v.values()):
+                        d = agg.setdefault(k, {})
+                        for kk, vv in v.items():
+                            d[kk] = d.get(kk, 0) + vv
+        for agg in out.values():
+            if agg.get("busy_s"):
+                agg["items_per_s"] = agg["items"] / agg["busy_s"]
+        for agg in out.values():
+            if agg.get("row_tokens"):  # ratios are recomputed from the summed counters
+                agg["efficiency"] = 1 - agg["pad_tokens"] / agg["row_tokens"]
+        return out
+
     def get_state(self) -> Dict[str, Any]:
         state: Dict[str, Any] = self._tagged(
             {"format_version": FORMAT_VERSION, "lanes": self.lanes, "seed": self.seed,

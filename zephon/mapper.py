@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import time
 import traceback
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
@@ -138,6 +139,7 @@ class OrderedMapper(ZNode[Any]):
         self._delivered = 0
         self._exhausted = False
         self._error: Optional[WorkerError] = None
+        self._wait = 0.0  # seconds the consumer waited for workers
 
     def upstreams(self) -> List[BaseNode]:
         return [self.source]
@@ -237,9 +239,15 @@ class OrderedMapper(ZNode[Any]):
         lane = f"lane {self.lane}, " if self.lane is not None else ""
         return f"{self.name} ({lane}{self.workers.count} {self.workers.backend} workers)"
 
+    def extra_metrics(self) -> Dict[str, Any]:
+        return {"pending_tasks": len(self._tasks), "max_in_flight": self.max_in_flight,
+                "wait_workers_s": round(self._wait, 6), "workers": f"{self.workers.count} {self.workers.backend}"}
+
     def _collect(self, task: _Task) -> List[Any]:
+        t0 = time.perf_counter()
         try:
             res = task.future.result(timeout=self.workers.timeout_s)
+            self._wait += time.perf_counter() - t0
         except cf.TimeoutError:
             raise PipelineError(
                 f"{self._where()}: no result within {self.workers.timeout_s:g} s for the chunk starting "

@@ -9,6 +9,7 @@ state tagged with its node type and format version. Composite nodes list their i
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, ClassVar, Dict, Iterable, List, Optional, TypeVar
 
 from torchdata.nodes import BaseNode
@@ -64,6 +65,40 @@ class ZNode(BaseNode[T]):
     def __init__(self) -> None:
         super().__init__()
         self._closed = False
+        self._n_out = 0
+        self._t_busy = 0.0  # seconds inside next(), upstream included
+
+    def __next__(self) -> T:
+        t = time.perf_counter()
+        try:
+            out = super().__next__()
+        finally:
+            self._t_busy += time.perf_counter() - t
+        self._n_out += 1
+        return out
+
+    def metrics(self) -> Dict[str, Any]:
+        """Counters of this node: items produced, seconds in ``next()`` (with and without its
+        upstreams' share), and node-specific figures from :meth:`extra_metrics`."""
+        ups = [u for u in self.upstreams() if isinstance(u, ZNode)]
+        upstream_s = sum(u._t_busy for u in ups)
+        out: Dict[str, Any] = {
+            "node": type(self).__name__, "items": self._n_out, "busy_s": round(self._t_busy, 6),
+            "self_s": round(max(self._t_busy - upstream_s, 0.0), 6),
+        }
+        out.update(self.extra_metrics())
+        return out
+
+    def extra_metrics(self) -> Dict[str, Any]:
+        return {}
+
+    def pipeline_metrics(self) -> List[Dict[str, Any]]:
+        """:meth:`metrics` of this node and every node upstream of it (depth-first)."""
+        out = [self.metrics()]
+        for up in self.upstreams():
+            if isinstance(up, ZNode):
+                out.extend(up.pipeline_metrics())
+        return out
 
     # -- contract helpers -------------------------------------------------------------------
     def _tagged(self, body: Dict[str, Any]) -> Dict[str, Any]:
