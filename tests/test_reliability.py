@@ -289,3 +289,24 @@ def test_externally_killed_worker_surfaces_promptly_and_cleans_up(data):
         # (other processes on the machine may create segments meanwhile: only ours count)
         ours = {n for n in set(os.listdir("/dev/shm")) - shm_before if str(os.getpid()) in n}
         assert not ours, f"shared-memory segments left behind: {ours}"
+
+
+def test_skip_counter_and_work_source_restore_at_every_step(data):
+    from zephon import LaneContext, OrderedMapper
+    from zephon.nodes import SkipCounter
+    from zephon.testing import check_node
+    from zephon.worksource import LaneWorkSource
+
+    root, _ = data
+    r = recipe(root)
+    p = r.prepare()
+    check_node(lambda: LaneWorkSource(p.plan, 1), max_steps=120)
+
+    def make():
+        node = OrderedMapper(LaneWorkSource(p.plan, 2), batch_fn=p.fetch, chunk_size=5)
+        return SkipCounter(node, dataset_names=["web", "code"], lanes=r.lanes)
+
+    res = check_node(make, max_steps=60, every=2)
+    assert res.steps == 60
+    # the counts are part of the state, and some records were skipped along the way
+    assert sum(res.states[-1]["skipped"]) > 0
