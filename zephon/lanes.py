@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -244,7 +245,13 @@ class Router(ZNode[Any]):
         step = initial_state.get("step")
         if not isinstance(step, int) or step < 0:
             raise StateError(f"checkpoint 'step' must be a non-negative integer, got {step!r}")
-        for l, n in zip(self.owned, nodes):
+        pairs = list(zip(self.owned, nodes))
+        if len(pairs) >= 8 and sys.stderr.isatty():
+            # a restore replays up to one flush interval per lane: show it when it can take a while
+            from tqdm.auto import tqdm
+
+            pairs = tqdm(pairs, desc=f"rank {self.rank}: restoring lanes (replay)", unit="lane", leave=False)
+        for l, n in pairs:
             n.reset(initial_state[lane_key(l)])
         self.step = step
 
