@@ -161,6 +161,8 @@ class MMPack(Accumulator):
                     per_row[r] += len(g)
                 pos += k
             used = self._used[r]
+            if mrope is not None and used < L:  # padding counts up like one more document (as TorchTitan's builder does)
+                mrope[r, used:] = np.arange(L - used)[:, None]
             if used > 1:
                 lab = tokens[r, 1:used].copy()
                 if self.ignore_ids.size:

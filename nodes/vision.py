@@ -139,8 +139,8 @@ def decode_image(data: bytes, max_image_pixels: int = 64_000_000):
     if w <= 0 or h <= 0:
         raise ImageError(f"the image has zero pixels ({w}x{h})")
     if w * h > max_image_pixels:
-        raise ImageError(f"the image is {w}x{h} = {w * h} pixels, above max_image_pixels = {max_image_pixels} "
-                         "(a decompression bomb or an absurd size)")
+        raise ImageError(f"the image is above max_image_pixels ({w}x{h} = {w * h} pixels > {max_image_pixels}; "
+                         "a decompression bomb or an absurd size)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -320,7 +320,7 @@ class FetchVision:
                             img = preprocess_image(seg, self.vision)
                         except ImageError as e:
                             n_img = sum(1 for x in rec.segments[:j] if not isinstance(x, str))
-                            raise ImageError(f"image #{n_img + 1}: {e}") from None
+                            raise ImageError(f"{e} (image #{n_img + 1} of the sample)") from None
                         segs.append(("i", patchify(img, self.vision.patch_size, self.vision.temporal_patch_size,
                                                    self.vision.merge_size)))
             except ImageError as e:

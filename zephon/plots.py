@@ -11,9 +11,8 @@ __all__ = ["token_shares", "plot_token_shares", "plot_packing_efficiency", "plot
 
 
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
+    # no backend switch: Jupyter's inline backend must stay in charge (matplotlib falls back
+    # to a headless backend by itself where there is no display)
     import matplotlib.pyplot as plt
 
     return plt

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .datasets import FORMATS, TEXT_MODES, DatasetIndex, index_dataset
+from .datasets import FORMATS, KINDS, MM_FORMATS, TEXT_MODES, DatasetIndex, index_dataset, index_multimodal
 from .lanes import GlobalLoader, LaneContext, Router, check_world_size
 from .mapper import OrderedMapper
 from .permute import IndexPermutation
@@ -109,6 +109,18 @@ class DatasetSpec:
     on_error: str = "raise"
     max_skipped: Optional[int] = None  # with on_error = "skip": run-wide budget (enforced per lane)
     max_skipped_fraction: Optional[float] = None
+    kind: str = "text"  # "text", "image_text" (one image + caption) or "interleaved" (OBELICS-style)
+    image_field: Optional[str] = None  # image column (parquet image_text / interleaved)
+
+
+#: keys a text dataset's entry leaves out of the data definition (so text-only fingerprints stay)
+_MM_ONLY_KEYS = ("kind", "image_field")
+
+VISION_KEYS = ["patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "mean", "std",
+               "max_image_pixels", "max_images_per_batch", "max_images_per_row", "mrope", "image_token",
+               "video_token", "vision_start_token", "vision_end_token", "workers", "backend", "chunk_size"]
+_VISION_TOKEN_DEFAULTS = {"image": "<|image_pad|>", "video": "<|video_pad|>", "vision_start": "<|vision_start|>",
+                          "vision_end": "<|vision_end|>"}
 
 
 @dataclass(frozen=True)
@@ -122,7 +134,7 @@ class TokenEstimate:
 
 DATASET_KEYS = [f.name for f in dataclasses.fields(DatasetSpec)]
 TOP_KEYS = ["seed", "lanes", "seq_len", "global_batch_size", "cache_dir", "tokenizer", "datasets", "pack", "shuffle",
-            "workers", "mixing", "schedule", "tokenize"]
+            "workers", "mixing", "schedule", "tokenize", "vision"]
 
 
 def estimate_tokens(index: DatasetIndex, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int) -> TokenEstimate:
@@ -157,6 +169,7 @@ class _Prepared:
     plan: WorkPlan
     fetch: Any
     fingerprint: str
+    special: Dict[str, int] = field(default_factory=dict)  # image placeholder token ids (multimodal)
 
 
 class Recipe:
@@ -273,10 +286,27 @@ class Recipe:
                 max_frac = _num(f"{where}.", "max_skipped_fraction", max_frac)
                 if max_frac > 1:
                     raise _fail(f"recipe: {where}.max_skipped_fraction is a fraction in [0, 1], got {max_frac}")
+            kind = _str(f"{where}.", "kind", d.get("kind", "text"), KINDS)
+            if kind == "text":
+                if "image_field" in d:
+                    raise _fail(f"recipe: {where}.image_field only applies to image datasets; set kind = \"image_text\" "
+                                "or \"interleaved\", or remove image_field")
+                fmt_choices = ("auto",) + tuple(FORMATS)
+                text_default = "text"
+            else:
+                fmt_choices = ("auto",) + tuple(MM_FORMATS)
+                text_default = "texts" if kind == "interleaved" else "caption"
+                if "text_mode" in d:
+                    raise _fail(f"recipe: {where}.text_mode only applies to kind = \"text\"; remove it")
+            image_field = d.get("image_field")
+            if image_field is not None:
+                image_field = _str(f"{where}.", "image_field", image_field)
+            elif kind != "text":
+                image_field = "images" if kind == "interleaved" else "image"
             specs.append(DatasetSpec(
-                name=name, path=path,
-                format=_str(f"{where}.", "format", d.get("format", "auto"), ("auto",) + tuple(FORMATS)),
-                text_field=_str(f"{where}.", "text_field", d.get("text_field", "text")),
+                name=name, path=path, kind=kind, image_field=image_field,
+                format=_str(f"{where}.", "format", d.get("format", "auto"), fmt_choices),
+                text_field=_str(f"{where}.", "text_field", d.get("text_field", text_default)),
                 text_mode=_str(f"{where}.", "text_mode", d.get("text_mode", "line"), tuple(TEXT_MODES)),
                 weight=_num(f"{where}.", "weight", d.get("weight", 1.0)),
                 policy=policy, epochs=epochs,
@@ -289,6 +319,7 @@ class Recipe:
         if sum(s.weight for s in specs) <= 0:
             raise _fail("recipe: at least one dataset needs weight > 0")
         self.datasets = specs
+        self.multimodal = any(s.kind != "text" for s in specs)
 
         pack = r.get("pack", {})
         _check_keys("[pack]", pack, ["algorithm", "flush_every", "max_open"])
@@ -323,6 +354,8 @@ class Recipe:
                 timeout_s=self.workers.timeout_s, start_method=self.workers.start_method,
             )
 
+        self._validate_vision(r.get("vision", {}))
+
         mixing = r.get("mixing", {})
         _check_keys("[mixing]", mixing, ["by", "estimate_samples", "split_tokens"])
         self.mix_by = _str("[mixing].", "by", mixing.get("by", "tokens"), MIX_BY)
@@ -355,17 +388,79 @@ class Recipe:
         except ValueError as e:
             raise _fail(f"recipe: schedule: {e}") from None
 
+    def _validate_vision(self, v: Any) -> None:
+        """The ``[vision]`` section: image preprocessing, budgets and placeholder tokens."""
+        from zephon.nodes.vision import VisionConfig
+
+        if not isinstance(v, dict):
+            raise _fail("recipe: [vision] must be a table (patch_size = 16, merge_size = 2, ...)")
+        _check_keys("[vision]", v, VISION_KEYS)
+        d = VisionConfig()
+        sec = "[vision]."
+        patch = _int(sec, "patch_size", v.get("patch_size", d.patch_size), 1)
+        merge = _int(sec, "merge_size", v.get("merge_size", d.merge_size), 1)
+        tps = _int(sec, "temporal_patch_size", v.get("temporal_patch_size", d.temporal_patch_size), 1)
+        min_px = _int(sec, "min_pixels", v.get("min_pixels", d.min_pixels), 1)
+        max_px = _int(sec, "max_pixels", v.get("max_pixels", d.max_pixels), 1)
+        factor = patch * merge
+        if max_px < factor * factor:
+            raise _fail(f"recipe: [vision].max_pixels = {max_px} is below one merged patch ({factor}x{factor} = "
+                        f"{factor * factor} pixels for patch_size {patch} x merge_size {merge}); raise max_pixels")
+        if min_px > max_px:
+            raise _fail(f"recipe: [vision].min_pixels = {min_px} is above max_pixels = {max_px}; lower min_pixels")
+
+        def triple(key: str, default: Tuple[float, ...], positive: bool) -> Tuple[float, float, float]:
+            val = v.get(key, list(default))
+            if not isinstance(val, list) or len(val) != 3:
+                raise _fail(f"recipe: [vision].{key} must be a list of 3 numbers (R, G, B), got {val!r}")
+            out = []
+            for x in val:
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or (positive and x <= 0):
+                    raise _fail(f"recipe: [vision].{key} must be 3 finite numbers{' > 0' if positive else ''}, got {val!r}")
+                out.append(float(x))
+            return (out[0], out[1], out[2])
+
+        mean = triple("mean", d.mean, False)
+        std = triple("std", d.std, True)
+        max_img_px = _int(sec, "max_image_pixels", v.get("max_image_pixels", d.max_image_pixels), 1)
+        mib = _int(sec, "max_images_per_batch", v.get("max_images_per_batch", d.max_images_per_batch), 1)
+        mir = _int(sec, "max_images_per_row", v.get("max_images_per_row", d.max_images_per_row), 0)
+        mrope = _bool(sec, "mrope", v.get("mrope", d.mrope))
+        self.vision = VisionConfig(patch_size=patch, temporal_patch_size=tps, merge_size=merge, min_pixels=min_px,
+                                   max_pixels=max_px, mean=mean, std=std, max_image_pixels=max_img_px,
+                                   max_images_per_batch=mib, max_images_per_row=mir, mrope=mrope)
+        self.vision_tokens = {name: _str(sec, f"{name}_token", v.get(f"{name}_token", default))
+                              for name, default in _VISION_TOKEN_DEFAULTS.items()}
+        self.vision_workers: Optional[WorkerConfig] = None
+        if "workers" in v or "backend" in v:
+            self.vision_workers = WorkerConfig(
+                count=_int(sec, "workers", v.get("workers", self.workers.count), 0),
+                backend=_str(sec, "backend", v.get("backend", self.workers.backend), BACKENDS),
+                timeout_s=self.workers.timeout_s, start_method=self.workers.start_method,
+            )
+        self.vision_chunk_size = _int(sec, "chunk_size", v.get("chunk_size", 8), 1)
+
     # -- identity ---------------------------------------------------------------------------
     def data_definition(self) -> Dict[str, Any]:
         """Everything that defines the data (not workers, not the cache folder)."""
-        return {
+        datasets = []
+        for s in self.datasets:
+            d = dataclasses.asdict(s) | {"path": None}
+            if s.kind == "text":
+                for k in _MM_ONLY_KEYS:
+                    d.pop(k)
+            datasets.append(d)
+        out = {
             "seed": self.seed, "lanes": self.lanes, "seq_len": self.seq_len, "global_batch_size": self.global_batch_size,
             "tokenizer": {"add_bos": self.add_bos, "add_eos": self.add_eos},
-            "datasets": [dataclasses.asdict(s) | {"path": None} for s in self.datasets],
+            "datasets": datasets,
             "pack": [self.pack_algorithm, self.pack_flush_every, self.pack_max_open],
             "shuffle": self.shuffle_buffer, "mixing": [self.mix_by, self.estimate_samples, self.split_tokens],
             "schedule": self.schedule.phases,
         }
+        if self.multimodal:
+            out["vision"] = dataclasses.asdict(self.vision) | {"tokens": self.vision_tokens}
+        return out
 
     # -- preparation (I/O: indexing, tokenizer, estimation) ---------------------------------
     def prepare(self, progress: Optional[bool] = None) -> _Prepared:
@@ -379,9 +474,12 @@ class Recipe:
                 raise RecipeError(f"recipe: [tokenizer]: {e}") from None
             indexes = [
                 index_dataset(s.name, s.path, format=s.format, text_field=s.text_field, text_mode=s.text_mode,
-                              cache_dir=self.cache_dir, progress=progress)
+                              cache_dir=self.cache_dir, progress=progress) if s.kind == "text" else
+                index_multimodal(s.name, s.path, kind=s.kind, format=s.format, text_field=s.text_field,
+                                 image_field=s.image_field, cache_dir=self.cache_dir)
                 for s in self.datasets
             ]
+            special = self._special_ids(tok) if self.multimodal else {}
             for s, ix in zip(self.datasets, indexes):
                 if ix.num_records == 0:
                     raise RecipeError(f"recipe: dataset {s.name!r} has no records at {s.path!r}; fix the path or remove the dataset")
@@ -395,7 +493,8 @@ class Recipe:
 
                     it = tqdm(it, desc="token estimation", unit="dataset")
                 for i, (s, ix) in it:
-                    estimates[s.name] = estimate_tokens(ix, tok, seed=self.seed, samples=self.estimate_samples, ds_number=i)
+                    est = estimate_tokens if s.kind == "text" else estimate_mm_tokens
+                    estimates[s.name] = est(ix, tok, seed=self.seed, samples=self.estimate_samples, ds_number=i)
             h = hashlib.sha256()
             h.update(json.dumps(self.data_definition(), sort_keys=True, default=str).encode())
             for ix in indexes:
@@ -403,18 +502,49 @@ class Recipe:
             h.update(tok.fingerprint.encode())
             from zephon.nodes.tokenize import FetchTokenize
 
+            if self.multimodal:
+                from zephon.nodes.vision import FetchVision
+
+                fetch: Any = FetchVision(indexes, [s.kind for s in self.datasets], tok, self.vision, special,
+                                         on_error=[s.on_error for s in self.datasets], row_len=self.seq_len + 1)
+            else:
+                fetch = FetchTokenize(indexes, tok, [s.on_error for s in self.datasets],
+                                      align=1 if self.pack_algorithm == "greedy" else self.seq_len + 1)
             self._prepared = _Prepared(
                 indexes=indexes, tokenizer=tok, estimates=estimates, plan=self._plan(indexes, estimates),
-                fetch=FetchTokenize(indexes, tok, [s.on_error for s in self.datasets],
-                                    align=1 if self.pack_algorithm == "greedy" else self.seq_len + 1), fingerprint=h.hexdigest()[:32],
+                fetch=fetch, fingerprint=h.hexdigest()[:32], special=special,
             )
             return self._prepared
+
+    def _special_ids(self, tok: TextTokenizer) -> Dict[str, int]:
+        """Token ids of the image placeholder tokens (``[vision].*_token``), checked."""
+        out = {}
+        for name, text in self.vision_tokens.items():
+            i = tok.token_to_id(text)
+            if i is None:
+                raise RecipeError(
+                    f"recipe: [vision].{name}_token = {text!r} is not a token of the tokenizer at "
+                    f"{self.tokenizer_path!r}; add it to the tokenizer as a special token (as Qwen-VL tokenizers have), "
+                    f"or set [vision].{name}_token to a special token it has")
+            out[name] = int(i)
+        if len(set(out.values())) != len(out):
+            raise RecipeError(f"recipe: [vision] placeholder tokens must be distinct tokens, got ids {out}")
+        bad = [n for n, i in out.items() if i in (tok.bos_id, tok.eos_id)]
+        if bad:
+            raise RecipeError(f"recipe: [vision].{bad[0]}_token is the tokenizer's BOS/EOS token; use a dedicated token")
+        return out
 
     def _plan(self, indexes: Sequence[DatasetIndex], estimates: Mapping[str, TokenEstimate]) -> WorkPlan:
         plans = []
         for s, ix in zip(self.datasets, indexes):
             sizes = [sh.num_records for sh in ix.shards]
-            if self.mix_by == "tokens":
+            if self.mix_by == "tokens" and s.kind != "text":
+                # plan by estimated tokens per record: text (measured tokens/byte) + exact image
+                # placeholder counts from the indexed image sizes; image samples are never split
+                est = estimates[s.name]
+                plans.append(DatasetPlan(s.name, sizes, _MMTokens(ix, est, self.vision), tokens_per_byte=1.0,
+                                         tokens_per_record=0.0, policy=s.policy, epochs=s.epochs, split_tokens=None))
+            elif self.mix_by == "tokens":
                 est = estimates[s.name]
                 plans.append(DatasetPlan(s.name, sizes, ix.record_bytes, tokens_per_byte=est.tokens_per_byte,
                                          tokens_per_record=est.tokens_per_record, policy=s.policy, epochs=s.epochs,
@@ -429,6 +559,27 @@ class Recipe:
     @property
     def fingerprint(self) -> str:
         return self.prepare().fingerprint
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        """The run's tokenizer (loaded on first use)."""
+        return self.prepare().tokenizer
+
+    @property
+    def estimates(self) -> Dict[str, TokenEstimate]:
+        """Measured tokens per byte per dataset (or the ones adopted from a checkpoint)."""
+        return dict(self.prepare().estimates)
+
+    @property
+    def indexes(self) -> List[DatasetIndex]:
+        """The datasets' shard indexes, in recipe order."""
+        return list(self.prepare().indexes)
+
+    def lane_context(self, lane: int, workers: Optional[WorkerConfig] = None) -> LaneContext:
+        """The context ``build_lane`` needs for ``lane`` of this recipe (seed and lanes filled in)."""
+        if not 0 <= lane < self.lanes:
+            raise ValueError(f"lane must be in [0, {self.lanes}), got {lane}")
+        return LaneContext(seed=self.seed, lane=lane, lanes=self.lanes, workers=workers or self.workers)
 
     # -- checkpoint-carried derived values ---------------------------------------------------
     def shared_state(self) -> Dict[str, Any]:
@@ -485,6 +636,8 @@ class Recipe:
         from zephon.nodes import Batch, Pack, SkipCounter, WindowShuffle
 
         p = self.prepare()
+        if self.multimodal:
+            return self._build_mm_lane(ctx, p)
         node: Any = LaneWorkSource(p.plan, ctx.lane)
         wc = self.tokenize_workers or ctx.workers
         if wc.count > 0:
@@ -505,6 +658,32 @@ class Recipe:
             node = WindowShuffle(node, buffer=self.shuffle_buffer, seed=self.seed, lane=ctx.lane)
         return Batch(node, batch_size=self.rows_per_lane)
 
+    def _build_mm_lane(self, ctx: LaneContext, p: _Prepared):
+        """WorkSource -> OrderedMapper(FetchVision) -> SkipCounter -> MMPack -> WindowShuffle (of micro-batches)."""
+        from zephon.nodes import MMPack, SkipCounter, WindowShuffle
+
+        node: Any = LaneWorkSource(p.plan, ctx.lane)
+        wc = self.vision_workers or self.tokenize_workers or ctx.workers
+        if wc.count > 0:
+            from .tokenizer import set_tokenizers_parallelism
+
+            set_tokenizers_parallelism(False)
+        node = OrderedMapper(node, batch_fn=p.fetch, workers=wc, pool=ctx.pool(wc), chunk_size=self.vision_chunk_size,
+                             max_in_flight=ctx.max_in_flight(wc), lane=ctx.lane, name="fetch+vision")
+        node = SkipCounter(node, dataset_names=[s.name for s in self.datasets], lanes=self.lanes,
+                           max_skipped=[s.max_skipped for s in self.datasets],
+                           max_fraction=[s.max_skipped_fraction for s in self.datasets],
+                           shard_names=[[sh.path for sh in ix.shards] for ix in p.indexes])
+        pad = p.tokenizer.pad_id if p.tokenizer.pad_id is not None else (p.tokenizer.eos_id or 0)
+        node = MMPack(node, seq_len=self.seq_len, rows=self.rows_per_lane, patch_dim=self.vision.patch_dim,
+                      max_images_per_batch=self.vision.max_images_per_batch,
+                      max_images_per_row=self.vision.max_images_per_row, flush_every=self.pack_flush_every,
+                      pad_id=pad, ignore_ids=list(p.special.values()), mrope=self.vision.mrope)
+        buffer = -(-self.shuffle_buffer // self.rows_per_lane)  # in micro-batches
+        if buffer > 1:
+            node = WindowShuffle(node, buffer=buffer, seed=self.seed, lane=ctx.lane)
+        return node
+
     def router(self, world_size: int = 1, rank: int = 0, workers: Optional[WorkerConfig] = None, **kw: Any) -> Router:
         """This rank's loader (a torchdata node yielding its local batches)."""
         check_world_size(self.lanes, world_size)
@@ -517,6 +696,24 @@ class Recipe:
         return GlobalLoader(self.build_lane, lanes=self.lanes, world_size=world_size, seed=self.seed,
                             fingerprint=self.fingerprint, workers=workers or self.workers,
                             shared_state=self.shared_state, adopt_shared=self.adopt_shared, **kw)
+
+    def _repr_html_(self) -> str:
+        import html as _html
+
+        rows = "".join(
+            f"<tr><td>{_html.escape(s.name)}</td><td>{_html.escape(s.kind if hasattr(s, 'kind') else 'text')}</td>"
+            f"<td>{_html.escape(s.format)}</td><td>{s.weight:g}</td><td>{_html.escape(s.policy)}</td>"
+            f"<td>{_html.escape(s.on_error)}</td><td><code>{_html.escape(str(s.path))}</code></td></tr>"
+            for s in self.datasets)
+        return (
+            f'<div class="zephon-recipe"><b>Recipe</b>: seed {self.seed} &middot; {self.lanes} lanes &middot; '
+            f"seq_len {self.seq_len} &middot; global batch {self.global_batch_size} rows "
+            f"({self.rows_per_lane} per lane) &middot; pack {self.pack_algorithm} (flush every {self.pack_flush_every}) "
+            f"&middot; shuffle {self.shuffle_buffer} &middot; mixing by {self.mix_by} &middot; workers "
+            f"{self.workers.count} {self.workers.backend}"
+            "<table><tr><th>dataset</th><th>kind</th><th>format</th><th>weight</th><th>policy</th><th>on_error</th>"
+            f"<th>path</th></tr>{rows}</table></div>"
+        )
 
     def __repr__(self) -> str:
         ds = ", ".join(f"{s.name}={s.weight:g}" for s in self.datasets)
@@ -546,6 +743,55 @@ def _migrate_text_lane_v1(state: Dict[str, Any]) -> Dict[str, Any]:
 from .checkpoint import register_lane_migration  # noqa: E402
 
 register_lane_migration(1, _migrate_text_lane_v1)
+
+
+def estimate_mm_tokens(index: Any, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int) -> TokenEstimate:
+    """Text tokens per text byte of an image-text dataset, from a seeded sample of records."""
+    n = index.num_records
+    k = min(samples, n)
+    perm = IndexPermutation(n, stable_u64("token-estimate", seed, ds_number))
+    picks = np.sort(perm.take(np.arange(k)))
+    offsets = index.shard_offsets()
+    shards = np.searchsorted(offsets, picks, side="right") - 1
+    texts: List[str] = []
+    nbytes = 0
+    records = 0
+    for s in np.unique(shards):
+        local = (picks[shards == s] - offsets[s]).tolist()
+        for rec in index.read(int(s), local):
+            segs = getattr(rec, "segments", None)
+            if segs is None:
+                continue
+            records += 1
+            for seg in segs:
+                if isinstance(seg, str) and seg:
+                    texts.append(seg)
+                    nbytes += len(seg.encode("utf-8"))
+    per_record = (1 if tokenizer.add_bos else 0) + (1 if tokenizer.add_eos else 0)
+    if not texts or nbytes == 0:
+        return TokenEstimate(tokens_per_byte=1.0, tokens_per_record=float(per_record), sampled=records)
+    content = sum(len(e) for e in tokenizer._encodings(texts))
+    return TokenEstimate(tokens_per_byte=max(content, 1) / nbytes, tokens_per_record=float(per_record), sampled=records)
+
+
+class _MMTokens:
+    """record_bytes stand-in for image-text datasets: estimated tokens per record (text bytes x
+    tokens/byte + BOS/EOS + each image's placeholder run, exact from its indexed size)."""
+
+    def __init__(self, index: Any, est: TokenEstimate, vision: Any) -> None:
+        self.index, self.est, self.vision = index, est, vision
+        self._cache: Dict[int, np.ndarray] = {}
+
+    def __call__(self, shard: int) -> np.ndarray:
+        a = self._cache.get(shard)
+        if a is None:
+            text = self.index.record_bytes(shard).astype(np.float64) * self.est.tokens_per_byte + self.est.tokens_per_record
+            n_img, ws, hs = self.index.image_sizes(shard)
+            per_image = np.array([self.vision.image_tokens(int(w), int(h)) + 2 for w, h in zip(ws, hs)], np.float64)
+            owner = np.repeat(np.arange(len(n_img)), n_img)
+            img = np.bincount(owner, weights=per_image, minlength=len(n_img)) if per_image.size else np.zeros(len(n_img))
+            a = self._cache[shard] = np.maximum(1, np.rint(text + img)).astype(np.int64)
+        return a
 
 
 class _Ones:

@@ -47,6 +47,12 @@ __all__ = [
     "write_text_lines",
     "write_text_files",
     "make_demo_corpus",
+    "generate_image_text",
+    "generate_interleaved",
+    "write_wds",
+    "write_image_parquet",
+    "write_interleaved_parquet",
+    "make_vision_corpus",
 ]
 
 STYLES = ("web", "code", "books")
@@ -587,6 +593,179 @@ def make_demo_corpus(root: str | os.PathLike, seed: int = 0, scale: float = 1.0)
         json.dump({"params": params, "files": files}, f, indent=1, sort_keys=True)
     os.replace(tmp, marker)
     return patterns
+
+
+# ----------------------------------------------------------------------------- image-text corpora
+IMAGE_FORMATS = ("jpeg", "png", "webp")
+_IMG_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp"}
+_IMG_VERSION = 1  # bump when the generated images change on purpose
+
+
+def _caption(s: _Stream, lo: int = 4, span: int = 20) -> str:
+    n = lo + s.below(span)
+    words = [s.word() for _ in range(n)]
+    words[0] = words[0].capitalize()
+    return " ".join(words) + "."
+
+
+def _draw_image(s: _Stream, min_side: int, max_side: int) -> tuple[bytes, str]:
+    """One small drawn image, encoded: (bytes, extension). Sizes, modes, formats and EXIF
+    orientations vary; every draw comes from ``s``."""
+    from PIL import Image, ImageDraw
+
+    w = min_side + s.below(max_side - min_side + 1)
+    h = min_side + s.below(max_side - min_side + 1)
+    fmt = IMAGE_FORMATS[s.below(3)]
+    mode = ("RGB", "RGB", "L", "RGBA", "P")[s.below(5)]
+    if fmt == "jpeg" and mode in ("RGBA", "P"):
+        mode = "RGB"
+    bg = tuple(s.below(256) for _ in range(3))
+    img = Image.new("RGB", (w, h), bg)
+    d = ImageDraw.Draw(img)
+    for _ in range(2 + s.below(4)):
+        x0, y0 = s.below(w), s.below(h)
+        x1, y1 = x0 + 1 + s.below(w), y0 + 1 + s.below(h)
+        col = tuple(s.below(256) for _ in range(3))
+        (d.rectangle if s.below(2) else d.ellipse)([x0, y0, x1, y1], fill=col)
+    if mode == "L":
+        img = img.convert("L")
+    elif mode == "RGBA":
+        img = img.convert("RGBA")
+        img.putalpha(Image.new("L", (w, h), 128 + s.below(128)))
+    elif mode == "P":
+        img = img.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    buf = io.BytesIO()
+    if fmt == "jpeg":
+        kw: dict = {"quality": 85}
+        if s.below(3) == 0:  # EXIF orientation: the pixels are stored rotated
+            exif = Image.Exif()
+            exif[0x0112] = (3, 6, 8)[s.below(3)]
+            kw["exif"] = exif.tobytes()
+        img.save(buf, format="JPEG", **kw)
+    elif fmt == "png":
+        img.save(buf, format="PNG", optimize=False, compress_level=6)
+    else:
+        img.save(buf, format="WEBP", quality=80, method=4)
+    return buf.getvalue(), _IMG_EXT[fmt]
+
+
+def generate_image_text(n: int, seed: int, *, min_side: int = 24, max_side: int = 96) -> list[dict]:
+    """``n`` deterministic image-caption samples: ``{"key", "image" (encoded bytes), "ext",
+    "caption"}``. Formats JPEG/PNG/WebP, modes RGB/L/RGBA/P, some JPEGs with an EXIF
+    orientation; sample ``i`` depends only on ``(seed, i)`` (and the Pillow codecs)."""
+    key = _style_key("image_text")
+    out = []
+    for i in range(int(n)):
+        s = _Stream(int(seed), key, _IMG_VERSION, i)
+        data, ext = _draw_image(s, min_side, max_side)
+        out.append({"key": f"{i:08d}", "image": data, "ext": ext, "caption": _caption(s)})
+    return out
+
+
+def generate_interleaved(n: int, seed: int, *, min_side: int = 24, max_side: int = 96,
+                         max_images: int = 3) -> list[dict]:
+    """``n`` OBELICS-style documents ``{"texts": [str|None], "images": [bytes|None]}``: at each
+    position exactly one of the two is set; 1..max_images images among 1..4 text segments."""
+    key = _style_key("interleaved")
+    out = []
+    for i in range(int(n)):
+        s = _Stream(int(seed), key, _IMG_VERSION, i)
+        n_img = 1 + s.below(max_images)
+        n_txt = 1 + s.below(4)
+        slots = ["t"] * n_txt + ["i"] * n_img
+        for j in range(len(slots) - 1, 0, -1):  # Fisher-Yates with our own draws
+            k = s.below(j + 1)
+            slots[j], slots[k] = slots[k], slots[j]
+        texts: list = []
+        images: list = []
+        for kind in slots:
+            if kind == "t":
+                texts.append(_caption(s, 6, 30))
+                images.append(None)
+            else:
+                texts.append(None)
+                images.append(_draw_image(s, min_side, max_side)[0])
+        out.append({"texts": texts, "images": images})
+    return out
+
+
+def write_wds(path: str | os.PathLike, samples: list[dict], caption: str = "txt", text_field: str = "caption") -> str:
+    """A WebDataset-style tar: per sample ``{key}.{ext}`` (the image, if not None) and
+    ``{key}.txt`` (or ``{key}.json`` with ``{text_field: caption}``; omitted if None).
+    Reproducible bytes (mtime 0, uid 0)."""
+    import tarfile
+
+    path, tmp = _atomic_target(path)
+
+    def add(tf, name: str, data: bytes) -> None:
+        ti = tarfile.TarInfo(name)
+        ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = len(data), 0, 0o644, 0, 0, "", ""
+        tf.addfile(ti, io.BytesIO(data))
+
+    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for smp in samples:
+            if smp.get("image") is not None:
+                add(tf, f"{smp['key']}.{smp.get('ext', 'jpg')}", smp["image"])
+            if smp.get("caption") is not None:
+                if caption == "json":
+                    add(tf, f"{smp['key']}.json", json.dumps({text_field: smp["caption"]}).encode())
+                else:
+                    add(tf, f"{smp['key']}.txt", smp["caption"].encode("utf-8"))
+    os.replace(tmp, path)
+    return path
+
+
+def write_image_parquet(path: str | os.PathLike, samples: list[dict], image_field: str = "image",
+                        text_field: str = "caption", row_group_size: int = 64, hf_struct: bool = False) -> str:
+    """Parquet with an image column (binary, or Hugging Face's ``{bytes, path}`` struct with
+    ``hf_struct``) and a caption column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path, tmp = _atomic_target(path)
+    imgs = [smp.get("image") for smp in samples]
+    if hf_struct:
+        col = pa.array([None if b is None else {"bytes": b, "path": None} for b in imgs],
+                       type=pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    else:
+        col = pa.array(imgs, type=pa.binary())
+    table = pa.table({image_field: col, text_field: pa.array([smp.get("caption") for smp in samples], type=pa.string())})
+    pq.write_table(table, tmp, row_group_size=max(1, int(row_group_size)))
+    os.replace(tmp, path)
+    return path
+
+
+def write_interleaved_parquet(path: str | os.PathLike, docs: list[dict], row_group_size: int = 32) -> str:
+    """OBELICS-style Parquet: columns ``texts`` (list<string>) and ``images`` (list<binary>)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path, tmp = _atomic_target(path)
+    table = pa.table({"texts": pa.array([d["texts"] for d in docs], type=pa.list_(pa.string())),
+                      "images": pa.array([d["images"] for d in docs], type=pa.list_(pa.binary()))})
+    pq.write_table(table, tmp, row_group_size=max(1, int(row_group_size)))
+    os.replace(tmp, path)
+    return path
+
+
+def make_vision_corpus(root: str | os.PathLike, seed: int = 0, n_wds: int = 96, n_parquet: int = 64,
+                       n_interleaved: int = 32) -> dict[str, str]:
+    """Image-text data under ``root``: ``wds/`` (2 tar shards, .txt and .json captions),
+    ``pairs/`` (2 Parquet shards, image bytes + caption), ``interleaved/`` (1 Parquet shard).
+    Returns ``{name: glob}``."""
+    root = os.fspath(root)
+    samples = generate_image_text(n_wds + n_parquet, seed)
+    half = n_wds // 2
+    write_wds(os.path.join(root, "wds", "wds-0000.tar"), samples[:half], caption="txt")
+    write_wds(os.path.join(root, "wds", "wds-0001.tar"), samples[half:n_wds], caption="json")
+    rest = samples[n_wds:]
+    write_image_parquet(os.path.join(root, "pairs", "pairs-0000.parquet"), rest[: len(rest) // 2], row_group_size=16)
+    write_image_parquet(os.path.join(root, "pairs", "pairs-0001.parquet"), rest[len(rest) // 2:], row_group_size=16,
+                        hf_struct=True)
+    write_interleaved_parquet(os.path.join(root, "interleaved", "obelics-0000.parquet"),
+                              generate_interleaved(n_interleaved, seed + 1), row_group_size=8)
+    return {"wds": os.path.join(root, "wds", "*.tar"), "pairs": os.path.join(root, "pairs", "*.parquet"),
+            "interleaved": os.path.join(root, "interleaved", "*.parquet")}
 
 
 if __name__ == "__main__":  # pragma: no cover - manual look at the output

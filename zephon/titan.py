@@ -29,6 +29,17 @@ Fields of :class:`ZephonDataLoader.Config` override recipe values from the comma
 ``--dataloader.workers 4 --dataloader.backend process`` (performance only: the data is the same)
 or ``--dataloader.lanes 64`` (a new data definition: a checkpoint of the old one refuses to load).
 
+Vision-language recipes
+-----------------------
+With a recipe whose datasets include ``kind = "image_text"`` or ``"interleaved"``, ``next()`` yields
+TorchTitan 0.3.0's multimodal batch (what ``MultiModalCollator`` yields, see :func:`titan_mm_batch`):
+``input``, ``positions``, ``mrope_positions``, ``pixel_values`` ``[images, max_patches, patch_dim]``,
+``grid_thw``, ``pixel_values_videos=None``, ``grid_thw_videos=None``, ``special_tokens`` (ids of the
+recipe tokenizer's ``<|image_pad|>``, ``<|video_pad|>``, ``<|vision_start|>``, ``<|vision_end|>``
+and padding), so Qwen3.5's ``forward`` takes it unchanged. Use it with the Qwen3.5 configs through
+:func:`with_zephon` (the trainer's ``MultiModalTokenizer`` must have the same special-token ids;
+the loader checks). A microbatch slice of a step carries exactly the images of its rows.
+
 Resuming on another number of ranks
 -----------------------------------
 ``state_dict()`` holds one JSON ``bytes`` value per lane this rank owns (``"lane_00007"``) and
@@ -70,10 +81,63 @@ from .lanes import valid_world_sizes
 from .node import StateError
 from .recipe import Recipe, RecipeError
 
-__all__ = ["ZephonDataLoader", "with_zephon", "zephon_llama3_debug", "demo_recipe_path"]
+__all__ = ["ZephonDataLoader", "with_zephon", "zephon_llama3_debug", "demo_recipe_path", "titan_mm_batch"]
 
 #: keys of a batch that TorchTitan's decoder models (llama3, qwen3, ...) accept besides ``input``
 MODEL_KEYS = ("positions",)
+
+#: TorchTitan's ``MultiModalTokenizer.TOKEN_FIELDS`` -> zephon's placeholder names
+_SPECIAL_FIELDS = {"image": "image", "video": "video", "vision_start": "vision_start", "vision_end": "vision_end"}
+
+
+def titan_mm_batch(batch: Dict[str, np.ndarray], lo: int, hi: int, *, special_tokens: Dict[str, int],
+                   merge_size: int, with_positions: bool = True,
+                   with_mrope: bool = True) -> Tuple[Dict[str, Any], torch.Tensor]:
+    """Rows ``lo:hi`` of a zephon multimodal batch in TorchTitan 0.3.0's multimodal batch format
+    (what ``MultiModalCollator`` yields, so Qwen3.5's ``forward`` takes it as is)::
+
+        input            int64 [rows, seq_len]
+        positions        int64 [rows, seq_len]   (reset per document)
+        mrope_positions  int64 [rows, seq_len, 3] (T/H/W rotary positions)
+        pixel_values     float32 [images, max_patches, patch_dim] (zero-padded per image; max_patches
+                         rounded up to a multiple of merge_size**2), or None without images
+        grid_thw         int64 [images, 3], or None
+        pixel_values_videos, grid_thw_videos: None
+        special_tokens   {"image_id", "video_id", "vision_start_id", "vision_end_id", "pad_id"}
+
+    and labels int64 [rows, seq_len] (already shifted; -100 on vision tokens and padding).
+    Images are in token order (row-major), as the model's ``get_vision_positions`` expects.
+    """
+    per_row = batch["images_per_row"]
+    starts = np.concatenate([[0], np.cumsum(per_row)])
+    i0, i1 = int(starts[lo]), int(starts[hi])
+    grids = batch["grid_thw"]
+    patches = grids.prod(axis=1) if len(grids) else np.zeros(0, np.int64)
+    pstart = np.concatenate([[0], np.cumsum(patches)])
+    out: Dict[str, Any] = {"input": torch.from_numpy(np.ascontiguousarray(batch["input"][lo:hi], dtype=np.int64))}
+    if with_positions:
+        out["positions"] = torch.from_numpy(np.ascontiguousarray(batch["positions"][lo:hi], dtype=np.int64))
+    if i1 > i0:
+        counts = patches[i0:i1]
+        unit = merge_size * merge_size
+        width = int(counts.max())
+        width = -(-width // unit) * unit
+        pv = np.zeros((i1 - i0, width, batch["pixel_values"].shape[1]), dtype=np.float32)
+        for j in range(i1 - i0):
+            a, b = int(pstart[i0 + j]), int(pstart[i0 + j + 1])
+            pv[j, : b - a] = batch["pixel_values"][a:b]
+        out["pixel_values"] = torch.from_numpy(pv)
+        out["grid_thw"] = torch.from_numpy(np.ascontiguousarray(grids[i0:i1], dtype=np.int64))
+    else:
+        out["pixel_values"] = None
+        out["grid_thw"] = None
+    out["pixel_values_videos"] = None
+    out["grid_thw_videos"] = None
+    if with_mrope and "mrope_positions" in batch:
+        out["mrope_positions"] = torch.from_numpy(np.ascontiguousarray(batch["mrope_positions"][lo:hi], dtype=np.int64))
+    out["special_tokens"] = dict(special_tokens)
+    labels = torch.from_numpy(np.ascontiguousarray(batch["labels"][lo:hi], dtype=np.int64))
+    return out, labels
 
 
 def demo_recipe_path(root: Optional[str] = None) -> str:
@@ -226,7 +290,12 @@ class ZephonDataLoader(BaseDataLoader):
         if tokenizer is not None and config.check_tokenizer:
             self._check_tokenizer(tokenizer)
         self._router = r.router(W, self.dp_rank)
-        self._buffer: Optional[Dict[str, torch.Tensor]] = None
+        self.special_tokens: Dict[str, int] = {}
+        if r.multimodal:
+            p = r.prepare()
+            self.special_tokens = {f"{k}_id": v for k, v in p.special.items()}
+            self.special_tokens["pad_id"] = p.tokenizer.pad_id if p.tokenizer.pad_id is not None else (p.tokenizer.eos_id or 0)
+        self._buffer: Optional[Dict[str, Any]] = None
         self._offset = 0  # rows of the buffered recipe step already handed out
         self._exhausted = False
 
@@ -256,6 +325,13 @@ class ZephonDataLoader(BaseDataLoader):
         if get is None:
             return
         ours = self.recipe.prepare().tokenizer
+        if self.recipe.multimodal:
+            for name, ours_id in self.recipe.prepare().special.items():
+                theirs_id = getattr(tokenizer, f"{name}_id", None)
+                if theirs_id is not None and int(theirs_id) != ours_id:
+                    raise ValueError(
+                        f"zephon.titan: the trainer's tokenizer has {name}_id = {theirs_id}, the recipe's placeholder "
+                        f"[vision].{name}_token has id {ours_id}; use the same tokenizer (hf_assets_path) and tokens")
         theirs = int(get())
         if theirs != ours.vocab_size or getattr(tokenizer, "eos_id", ours.eos_id) != ours.eos_id:
             raise ValueError(
@@ -278,6 +354,10 @@ class ZephonDataLoader(BaseDataLoader):
     def _fetch(self) -> None:
         batch = next(self._router)
         self.on_local_batch(self._router.step, batch)
+        if self.recipe.multimodal:
+            self._buffer = batch  # numpy; sliced and laid out per microbatch in __next__
+            self._offset = 0
+            return
         keys = ("input", "labels") + (MODEL_KEYS if self.config.with_positions else ())
         self._buffer = {k: torch.from_numpy(np.ascontiguousarray(batch[k], dtype=np.int64)) for k in keys}
         self._offset = 0
@@ -295,6 +375,9 @@ class ZephonDataLoader(BaseDataLoader):
         self._offset = hi
         b = self._buffer
         assert b is not None
+        if self.recipe.multimodal:
+            return titan_mm_batch(b, lo, hi, special_tokens=self.special_tokens,
+                                  merge_size=self.recipe.vision.merge_size, with_positions=self.config.with_positions)
         inputs = {"input": b["input"][lo:hi]}
         for k in MODEL_KEYS:
             if k in b:

@@ -10,6 +10,7 @@ this package answers "how many records, how big is each, give me records i, j, k
 
 from .errors import BadRecord, DataError
 from .index import FORMATS, TEXT_MODES, DatasetIndex, ShardMeta, index_dataset
+from .multimodal import KINDS, MM_FORMATS, MMRecord, MultimodalIndex, index_multimodal
 
 __all__ = [
     "BadRecord",
@@ -19,4 +20,9 @@ __all__ = [
     "ShardMeta",
     "TEXT_MODES",
     "index_dataset",
+    "KINDS",
+    "MM_FORMATS",
+    "MMRecord",
+    "MultimodalIndex",
+    "index_multimodal",
 ]

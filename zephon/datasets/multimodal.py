@@ -1,0 +1,445 @@
+"""Image-text datasets: per-shard metadata (record counts, text sizes, image sizes) and reads.
+
+Kinds and formats:
+
+* ``image_text`` in WebDataset-style ``.tar`` shards (format ``"wds"``): members sharing a key
+  (the file name up to its first dot) form one sample: an image (``.jpg``/``.jpeg``/``.png``/
+  ``.webp``) and a caption (``.txt``, or ``.json`` with the caption under ``text_field``).
+  Indexing records every member's byte offset in the tar, so a read is one ``pread`` per
+  member: no tar scan at read time.
+* ``image_text`` in Parquet (format ``"parquet"``): an image column (``image_field``; binary,
+  or Hugging Face's ``{bytes, path}`` struct) and a text column (``text_field``).
+* ``interleaved`` in Parquet: OBELICS-style rows with a list of texts (``text_field``, default
+  ``texts``) and a list of images (``image_field``, default ``images``) of equal length; at
+  each position one of the two is set.
+
+Indexing also reads every image's *header* (width, height and EXIF orientation: no pixel
+decoding), so the WorkSource can plan by exact image-token counts. Metadata is cached like the
+text index's (one ``.npz`` per shard, keyed by URL, size and mtime).
+
+``read(shard, indices)`` returns :class:`MMRecord` (segments: ``str`` text or ``bytes`` image,
+in document order) or :class:`BadRecord` (a caption without an image, a missing field, ...);
+image *content* problems are found by the decoder (``zephon.nodes.vision``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._scan import LRU
+from .errors import BadRecord, DataError
+from .index import ShardMeta, _resolve
+
+__all__ = ["MMRecord", "MultimodalIndex", "index_multimodal", "KINDS", "MM_FORMATS", "IMAGE_EXTS", "image_header_size"]
+
+KINDS = ("text", "image_text", "interleaved")
+MM_FORMATS = ("wds", "parquet")
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+TEXT_EXTS = ("txt", "json")
+_CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MMRecord:
+    """One sample: text (``str``) and image (``bytes``) segments in document order."""
+
+    segments: Tuple[Any, ...]
+    file: str
+    locator: str  # "key 'abc'" (tar) or "row N" (parquet, 0-based)
+
+    @property
+    def num_images(self) -> int:
+        return sum(1 for s in self.segments if isinstance(s, (bytes, bytearray)))
+
+
+def image_header_size(data: bytes) -> Tuple[int, int]:
+    """(width, height) after EXIF orientation, from the header only; (0, 0) if unreadable."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as im:
+                w, h = im.size
+                try:
+                    orient = im.getexif().get(0x0112, 1)
+                except Exception:
+                    orient = 1
+        if orient in (5, 6, 7, 8):
+            w, h = h, w
+        return int(w), int(h)
+    except Exception:  # Pillow raises many types on bad data (incl. DecompressionBombError)
+        return 0, 0
+
+
+def _pick_format(name: str, files, fmt: str) -> str:
+    exts = set()
+    for _fs, fp, _info, _forced in files:
+        low = fp.lower()
+        exts.add("wds" if low.endswith(".tar") else "parquet" if low.endswith(".parquet") else low.rsplit(".", 1)[-1])
+    if fmt == "auto":
+        if len(exts) != 1 or next(iter(exts)) not in MM_FORMATS:
+            raise DataError(f"cannot infer the image-text format from the file extensions {sorted(exts)}", dataset=name,
+                            fix='Use .tar (WebDataset) or .parquet shards, or set format = "wds" / "parquet" for this dataset.')
+        return next(iter(exts))
+    if fmt not in MM_FORMATS:
+        raise DataError(f"format {fmt!r} is not an image-text format", dataset=name,
+                        fix='Set format = "wds" (tar shards) or "parquet" (or "auto") for this dataset.')
+    return fmt
+
+
+class MultimodalIndex:
+    """Metadata of one image-text dataset's shards plus thread-safe random-access reads.
+
+    ``record_bytes(s)`` is the text size of each record (bytes); :meth:`image_sizes` gives the
+    images' header sizes, from which the recipe computes exact image-token counts.
+    """
+
+    def __init__(self, name: str, kind: str, format: str, text_field: str, image_field: str,
+                 files: List[Tuple[Any, str, str, int, str]], cache_dir: Optional[str]) -> None:
+        self.name, self.kind, self.format = name, kind, format
+        self.text_field, self.image_field = text_field, image_field
+        self._files = files  # (fs, fspath, display, size, version)
+        self.cache_dir = cache_dir
+        self._arrays: Dict[int, Dict[str, np.ndarray]] = {}
+        self._init_runtime()
+        for s in range(len(files)):
+            self._arrays[s] = self._prepare(s)
+        self.shards = [ShardMeta(f[2], int(len(self._arrays[s]["lengths"])), f[3], f[4]) for s, f in enumerate(files)]
+        self._offsets = np.zeros(len(self.shards) + 1, np.int64)
+        np.cumsum([m.num_records for m in self.shards], out=self._offsets[1:])
+        self.num_records = int(self._offsets[-1])
+        rows = [[m.path, m.size_bytes, m.version, kind, format, text_field, image_field] for m in self.shards]
+        self.fingerprint = hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
+
+    def _init_runtime(self) -> None:
+        self._lock = threading.RLock()
+        self._groups = LRU(4)
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_groups")}
+
+    def __setstate__(self, st: dict) -> None:
+        self.__dict__.update(st)
+        self._init_runtime()
+
+    def __repr__(self) -> str:
+        return (f"MultimodalIndex(name={self.name!r}, kind={self.kind!r}, format={self.format!r}, "
+                f"shards={len(self.shards)}, num_records={self.num_records})")
+
+    # -- metadata ------------------------------------------------------------------------------
+    def shard_offsets(self) -> np.ndarray:
+        return self._offsets.copy()
+
+    def record_bytes(self, shard: int) -> np.ndarray:
+        """int64 text byte size of every record of ``shard``."""
+        return self._arrays[shard]["lengths"]
+
+    def image_sizes(self, shard: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(images per record, widths, heights): widths/heights flattened in record order;
+        0 where the header could not be read."""
+        a = self._arrays[shard]
+        return a["n_img"], a["img_w"], a["img_h"]
+
+    # -- cache ---------------------------------------------------------------------------------
+    def _cache_path(self, s: int) -> Optional[str]:
+        if not self.cache_dir:
+            return None
+        fs, fp, disp, size, version = self._files[s]
+        blob = json.dumps(["mm", _CACHE_VERSION, fs.unstrip_protocol(fp), self.kind, self.format, self.text_field,
+                           self.image_field, size, version])
+        return os.path.join(self.cache_dir, "mm-" + hashlib.sha256(blob.encode()).hexdigest() + ".npz")
+
+    def _prepare(self, s: int) -> Dict[str, np.ndarray]:
+        path = self._cache_path(s)
+        if path is not None and os.path.exists(path):
+            try:
+                with np.load(path, allow_pickle=False) as z:
+                    return {k: z[k] for k in z.files}
+            except Exception:
+                pass  # corrupt cache: rebuild
+        arrays = self._index_wds(s) if self.format == "wds" else self._index_parquet(s)
+        if path is not None:
+            try:
+                fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")
+                with os.fdopen(fd, "wb") as f:
+                    np.savez(f, **arrays)
+                os.replace(tmp, path)
+            except OSError as e:
+                warnings.warn(f"zephon: cannot write the index cache in {self.cache_dir!r} ({e})", stacklevel=3)
+        return arrays
+
+    def _err(self, s: int, reason: str, fix: str) -> DataError:
+        return DataError(reason, dataset=self.name, file=self._files[s][2], fix=fix)
+
+    def _open(self, s: int):
+        fs, fp = self._files[s][0], self._files[s][1]
+        try:
+            return fs.open(fp, "rb")
+        except OSError as e:
+            raise self._err(s, f"cannot open the file ({type(e).__name__}: {e})", "Check the path and its permissions.") from None
+
+    def _read_range(self, s: int, off: int, n: int) -> bytes:
+        fs, fp = self._files[s][0], self._files[s][1]
+        from fsspec.implementations.local import LocalFileSystem
+
+        try:
+            if isinstance(fs, LocalFileSystem):
+                st = os.stat(fp)
+                if st.st_size != self._files[s][3] or str(st.st_mtime_ns) != self._files[s][4]:
+                    raise self._err(s, "the file changed since it was indexed",
+                                    "Do not modify shard files during a run; restart so that it is re-indexed.")
+                fd = os.open(fp, os.O_RDONLY)
+                try:
+                    data = os.pread(fd, n, off)
+                finally:
+                    os.close(fd)
+            else:
+                data = fs.cat_file(fp, start=off, end=off + n)
+        except OSError as e:
+            raise self._err(s, f"I/O error while reading it ({type(e).__name__}: {e})",
+                            "Check that the storage is reachable and the file is intact, then retry.") from None
+        if len(data) != n:
+            raise self._err(s, "the file is shorter than its index says (truncated or changed)",
+                            "Re-copy the shard, or restart so that it is re-indexed.")
+        return data
+
+    # -- WebDataset tar ------------------------------------------------------------------------
+    def _index_wds(self, s: int) -> Dict[str, np.ndarray]:
+        import tarfile
+
+        order: List[str] = []
+        members: Dict[str, Dict[str, Tuple[int, int, str]]] = {}
+        f = self._open(s)
+        try:
+            try:
+                tf = tarfile.open(fileobj=f, mode="r:")
+                for m in tf:
+                    if not m.isfile():
+                        continue
+                    d, _, base = m.name.rpartition("/")
+                    if base.startswith(".") or "." not in base:
+                        continue
+                    stem, ext = base.split(".", 1)
+                    key = f"{d}/{stem}" if d else stem
+                    ext = ext.lower()
+                    slot = "image" if ext in IMAGE_EXTS else "text" if ext in TEXT_EXTS else None
+                    if slot is None:
+                        continue
+                    if key not in members:
+                        members[key] = {}
+                        order.append(key)
+                    members[key].setdefault(slot, (m.offset_data, m.size, ext))
+            except (tarfile.TarError, EOFError) as e:
+                raise self._err(s, f"not a valid tar file (corrupt or truncated?): {e}",
+                                "Re-create or re-copy the shard, or remove it from the dataset's path list.") from None
+        finally:
+            f.close()
+        n = len(order)
+        a = {k: np.full(n, -1, np.int64) for k in ("img_off", "img_len", "txt_off", "txt_len")}
+        a["txt_json"] = np.zeros(n, np.int64)
+        widths, heights = [], []
+        for i, key in enumerate(order):
+            m = members[key]
+            if "image" in m:
+                a["img_off"][i], a["img_len"][i] = m["image"][0], m["image"][1]
+                w, h = image_header_size(self._read_range(s, m["image"][0], min(m["image"][1], 1 << 16)))
+                if (w, h) == (0, 0) and m["image"][1] > (1 << 16):
+                    w, h = image_header_size(self._read_range(s, m["image"][0], m["image"][1]))
+                widths.append(w)
+                heights.append(h)
+            if "text" in m:
+                a["txt_off"][i], a["txt_len"][i] = m["text"][0], m["text"][1]
+                a["txt_json"][i] = 1 if m["text"][2] == "json" else 0
+        a["keys"] = np.array(order, dtype=np.str_) if order else np.zeros(0, dtype="<U1")
+        a["lengths"] = np.maximum(a["txt_len"], 0)
+        a["n_img"] = (a["img_len"] >= 0).astype(np.int64)
+        a["img_w"], a["img_h"] = np.array(widths, np.int64), np.array(heights, np.int64)
+        return a
+
+    def _read_wds(self, s: int, idx: np.ndarray) -> List[Any]:
+        a = self._arrays[s]
+        disp = self._files[s][2]
+        out: List[Any] = []
+        for i in idx.tolist():
+            key = str(a["keys"][i])
+            loc = f"key '{key}'"
+            if a["img_len"][i] < 0:
+                out.append(BadRecord(self.name, disp, loc, "the sample has a caption but no image (.jpg/.jpeg/.png/.webp)"))
+                continue
+            if a["txt_len"][i] < 0:
+                out.append(BadRecord(self.name, disp, loc, "the sample has an image but no caption (.txt/.json)"))
+                continue
+            img = self._read_range(s, int(a["img_off"][i]), int(a["img_len"][i]))
+            raw = self._read_range(s, int(a["txt_off"][i]), int(a["txt_len"][i]))
+            try:
+                text = raw.decode("utf-8")
+                if a["txt_json"][i]:
+                    obj = json.loads(text)
+                    if not isinstance(obj, dict) or not isinstance(obj.get(self.text_field), str):
+                        out.append(BadRecord(self.name, disp, loc, f"the .json caption has no string field '{self.text_field}'"))
+                        continue
+                    text = obj[self.text_field]
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                out.append(BadRecord(self.name, disp, loc, f"unreadable caption ({type(e).__name__}: {e})"))
+                continue
+            out.append(MMRecord((img, text), disp, loc))
+        return out
+
+    # -- Parquet -------------------------------------------------------------------------------
+    def _parquet(self, s: int):
+        import pyarrow.parquet as pq
+
+        fs, fp = self._files[s][0], self._files[s][1]
+        try:
+            return pq.ParquetFile(fs.open(fp, "rb"))
+        except Exception as e:
+            raise self._err(s, f"not a valid Parquet file: {e}", "Re-download or rewrite the file.") from None
+
+    def _columns(self, s: int, pf) -> Tuple[str, str]:
+        names = pf.schema_arrow.names
+        for col in (self.image_field, self.text_field):
+            if col not in names:
+                key = "image_field" if col == self.image_field else "text_field"
+                raise self._err(s, f"column '{col}' not found (columns: {', '.join(map(repr, names[:20]))})",
+                                f"Set {key} = \"<column>\" for dataset '{self.name}' in the recipe.")
+        return self.image_field, self.text_field
+
+    @staticmethod
+    def _image_bytes(v: Any) -> Optional[bytes]:
+        if isinstance(v, dict):  # Hugging Face Image feature
+            v = v.get("bytes")
+        if v is None:
+            return None
+        return bytes(v)
+
+    def _record_from_row(self, img: Any, txt: Any) -> Tuple[Optional[Tuple[Any, ...]], Optional[str]]:
+        """(segments, None) or (None, reason)."""
+        if self.kind == "interleaved":
+            if not isinstance(txt, list) or not isinstance(img, list):
+                return None, f"'{self.text_field}' and '{self.image_field}' must both be lists"
+            if len(txt) != len(img):
+                return None, f"'{self.text_field}' has {len(txt)} entries but '{self.image_field}' has {len(img)}"
+            segs: List[Any] = []
+            for t, im in zip(txt, img):
+                b = self._image_bytes(im)
+                if b is not None:
+                    segs.append(b)
+                elif isinstance(t, str):
+                    segs.append(t)
+            if not any(isinstance(x, bytes) for x in segs) and not any(isinstance(x, str) and x.strip() for x in segs):
+                return None, "the document has neither text nor images"
+            return tuple(segs), None
+        b = self._image_bytes(img)
+        if b is None:
+            return None, f"the image ('{self.image_field}') is null"
+        if not isinstance(txt, str):
+            return None, f"the caption ('{self.text_field}') is {'null' if txt is None else type(txt).__name__}"
+        return (b, txt), None
+
+    def _index_parquet(self, s: int) -> Dict[str, np.ndarray]:
+        pf = self._parquet(s)
+        ic, tc = self._columns(s, pf)
+        md = pf.metadata
+        counts, lengths, n_img, ws, hs = [], [], [], [], []
+        for rg in range(md.num_row_groups):
+            t = pf.read_row_group(rg, columns=[ic, tc])
+            counts.append(t.num_rows)
+            for img, txt in zip(t.column(ic).to_pylist(), t.column(tc).to_pylist()):
+                segs, _bad = self._record_from_row(img, txt)
+                segs = segs or ()
+                lengths.append(sum(len(x.encode("utf-8")) for x in segs if isinstance(x, str)))
+                k = 0
+                for x in segs:
+                    if isinstance(x, bytes):
+                        w, h = image_header_size(x)
+                        ws.append(w)
+                        hs.append(h)
+                        k += 1
+                n_img.append(k)
+        groups = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=groups[1:])
+        return {"groups": groups, "lengths": np.array(lengths, np.int64), "n_img": np.array(n_img, np.int64),
+                "img_w": np.array(ws, np.int64), "img_h": np.array(hs, np.int64)}
+
+    def _read_parquet(self, s: int, idx: np.ndarray) -> List[Any]:
+        import pyarrow as pa
+
+        groups = self._arrays[s]["groups"]
+        rg_of = np.searchsorted(groups, idx, side="right") - 1
+        out: List[Any] = [None] * idx.size
+        disp = self._files[s][2]
+        for rg in np.unique(rg_of).tolist():
+            def load(rg=rg):
+                pf = self._parquet(s)
+                return pf.read_row_group(rg, columns=[self.image_field, self.text_field])
+
+            t = self._groups.get((s, rg), load)
+            ks = np.flatnonzero(rg_of == rg)
+            take = pa.array(idx[ks] - groups[rg])
+            imgs = t.column(self.image_field).take(take).to_pylist()
+            txts = t.column(self.text_field).take(take).to_pylist()
+            for k, img, txt in zip(ks.tolist(), imgs, txts):
+                segs, bad = self._record_from_row(img, txt)
+                loc = f"row {int(idx[k])}"
+                out[k] = MMRecord(segs, disp, loc) if bad is None else BadRecord(self.name, disp, loc, bad)
+        return out
+
+    # -- reads ---------------------------------------------------------------------------------
+    def read(self, shard: int, indices: Sequence[int]) -> List[Any]:
+        """Records ``indices`` of ``shard`` (MMRecord or BadRecord), in the order given."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size == 0:
+            return []
+        n = self.shards[shard].num_records
+        if int(idx.min()) < 0 or int(idx.max()) >= n:
+            raise IndexError(f"dataset '{self.name}': record index out of range for shard {shard} ({n} records)")
+        if self.format == "wds":
+            return self._read_wds(shard, idx)
+        return self._read_parquet(shard, idx)
+
+
+def index_multimodal(name: str, path: Any, *, kind: str = "image_text", format: str = "auto",
+                     text_field: Optional[str] = None, image_field: Optional[str] = None,
+                     cache_dir: Optional[str] = None) -> MultimodalIndex:
+    """Find the shards of an image-text dataset and build (or load cached) per-shard metadata."""
+    if kind not in ("image_text", "interleaved"):
+        raise DataError(f"unknown kind {kind!r}", dataset=name, fix='Use kind = "image_text" or "interleaved".')
+    files = _resolve(name, path, "auto")
+    fmt = _pick_format(name, files, format)
+    if kind == "interleaved" and fmt != "parquet":
+        raise DataError("interleaved documents are read from Parquet only", dataset=name,
+                        fix='Store them as Parquet rows with list columns (texts, images), format = "parquet".')
+    if text_field is None:
+        text_field = "texts" if kind == "interleaved" else "caption"
+    if image_field is None:
+        image_field = "images" if kind == "interleaved" else "image"
+    from fsspec.implementations.local import LocalFileSystem
+
+    specs = {}
+    for fs, fp, info, _forced in files:
+        local = isinstance(fs, LocalFileSystem)
+        disp = fp if local else fs.unstrip_protocol(fp)
+        if local:
+            st = os.stat(fp)
+            size, version = int(st.st_size), str(st.st_mtime_ns)
+        else:
+            size, version = int(info.get("size") or -1), str(info.get("mtime") or info.get("ETag") or "")
+        specs[disp] = (fs, fp, disp, size, version)
+    if cache_dir is None:
+        cache_dir = os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "zephon", "index")
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+    except OSError:
+        cache_dir = None
+    return MultimodalIndex(name, kind, fmt, text_field, image_field, [specs[k] for k in sorted(specs)], cache_dir)
