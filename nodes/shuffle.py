@@ -14,7 +14,8 @@ __all__ = ["WindowShuffle"]
 class WindowShuffle(Accumulator):
     """Collect ``buffer`` items, emit them in a seeded random order, repeat.
 
-    The permutation of window w comes from the stream (seed, lane, "shuffle", epoch=0,
+    Lanes pass different ``phase`` values so that their windows end at different steps (see
+    the constructor). The permutation of window w comes from the stream (seed, lane, "shuffle", epoch=0,
     counter=w), so replaying a window reproduces it exactly. Every item is emitted exactly once
     (unlike a reservoir buffer, nothing leaks across a checkpoint); a restore replays at most
     one window.
@@ -22,11 +23,17 @@ class WindowShuffle(Accumulator):
 
     node_type = "shuffle"
 
-    def __init__(self, source: BaseNode, *, buffer: int, seed: int, lane: int, name: str = "shuffle") -> None:
+    def __init__(self, source: BaseNode, *, buffer: int, seed: int, lane: int, name: str = "shuffle",
+                 phase: int = 0) -> None:
         super().__init__(source)
         if not isinstance(buffer, int) or buffer < 1:
             raise ValueError(f"shuffle.buffer must be a positive integer (1 = no shuffle), got {buffer!r}")
+        if not 0 <= phase < buffer:
+            raise ValueError(f"shuffle phase must be in [0, buffer), got {phase}")
         self.buffer, self.seed, self.lane, self.name = buffer, seed, lane, name
+        # the first window is `phase` items shorter: lanes given different phases refill their
+        # windows at different steps, so a rank's work per step stays even instead of bursting
+        self.phase = phase
         self._items: List[Any] = []
         self._window = 0
 
@@ -49,7 +56,8 @@ class WindowShuffle(Accumulator):
 
     def accept(self, item: Any) -> None:
         self._items.append(item)
-        if len(self._items) >= self.buffer:
+        size = self.buffer - self.phase if self._window == 0 and self.phase else self.buffer
+        if len(self._items) >= size:
             self.flush()
 
     def flush(self) -> None:

@@ -111,3 +111,40 @@ def test_router_repr_and_state_keys():
     next(r)
     assert set(r.state_dict()) == keys == {"type", "version", "format_version", "lanes", "seed", "fingerprint", "step", "shared", "lane_00002", "lane_00003"}
     r.close()
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_prefetch_changes_nothing_and_checkpoints_what_was_delivered(prefetch, ref8):
+    from zephon.testing import _threads, assert_no_leaks
+
+    before = _threads()
+    got, state = [], None
+    for world, steps in [(4, 7), (2, 13), (8, 20)]:
+        g = GlobalLoader(LANE, lanes=8, world_size=world, seed=7, fingerprint="toy", prefetch=prefetch,
+                         workers=WorkerConfig(1, "thread"))
+        if state is not None:
+            g.load_state_dict(state)
+        got += [batch_sha256(next(g)) for _ in range(steps)]
+        state = decode_state(encode_state(g.state_dict()))  # while the thread is ahead
+        g.close()
+    assert got == ref8
+    assert_no_leaks(before)
+
+
+def test_prefetch_surfaces_errors_in_the_consumer():
+    from zephon import WorkerError
+    from zephon.testing import toy_lane
+
+    def bad(x):
+        if x == 40:
+            raise ValueError("bad record forty")
+        return x
+
+    lane = functools.partial(toy_lane, n=None, map_fn=bad)
+    g = GlobalLoader(lane, lanes=2, world_size=1, seed=1, prefetch=2)
+    with pytest.raises(WorkerError, match="bad record forty"):
+        for _ in range(1000):
+            next(g)
+    with pytest.raises(WorkerError):  # and keeps raising, never hangs
+        next(g)
+    g.close()

@@ -9,9 +9,12 @@ global batch t is therefore the same bytes for every W that divides L.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
+import queue
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -19,7 +22,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from .checkpoint import FORMAT_VERSION, lane_key, merge_states
-from .node import StateError, ZNode
+from .node import PipelineError, StateError, ZNode
 from .seeding import lane_rng
 from .workers import PoolSet, WorkerConfig, WorkerPool
 
@@ -152,8 +155,19 @@ class Router(ZNode[Any]):
         collate_fn: Callable[[Sequence[Any]], Any] = collate,
         shared_state: Optional[Callable[[], Dict[str, Any]]] = None,
         adopt_shared: Optional[Callable[[Dict[str, Any]], bool]] = None,
+        prefetch: int = 0,
     ) -> None:
         super().__init__()
+        if not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an integer >= 0 (local batches computed ahead), got {prefetch!r}")
+        # prefetch > 0: a background thread computes up to `prefetch` local batches ahead, each
+        # with the state after it, so a training step never waits on a burst of work (e.g. a
+        # shuffle window refill) and state_dict() still describes exactly what was delivered
+        self.prefetch = prefetch
+        self._thread: Optional[threading.Thread] = None
+        self._queue: Optional[queue.Queue] = None
+        self._stop = threading.Event()
+        self._delivered: Optional[Dict[str, Any]] = None
         if not isinstance(lanes, int) or lanes < 1:
             raise ValueError(f"lanes must be a positive integer, got {lanes!r}")
         self.owned = lanes_of_rank(lanes, world_size, rank)
@@ -228,6 +242,13 @@ class Router(ZNode[Any]):
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         super().reset(initial_state)
+        self._stop_prefetch()
+        self._reset_lanes(initial_state)
+        if self.prefetch:
+            self._delivered = self._snapshot()
+            self._start_prefetch()
+
+    def _reset_lanes(self, initial_state: Optional[Dict[str, Any]]) -> None:
         nodes = self.lane_nodes
         if initial_state is None:
             for n in nodes:
@@ -255,10 +276,68 @@ class Router(ZNode[Any]):
             n.reset(initial_state[lane_key(l)])
         self.step = step
 
-    def next(self) -> Any:
+    def _compute(self) -> Any:
         outs = [next(n) for n in self.lane_nodes]
         self.step += 1
         return self.collate_fn(outs)
+
+    def next(self) -> Any:
+        if not self.prefetch:
+            return self._compute()
+        while True:
+            try:
+                kind, value, state = self._queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if self._thread is None or not self._thread.is_alive():
+                    raise PipelineError(f"{self!r}: the prefetch thread is gone") from None
+        if kind == "ok":
+            self._delivered = state
+            return value
+        self._queue.put((kind, value, state))  # keep raising the same end / error
+        if kind == "end":
+            raise StopIteration
+        raise value
+
+    # -- prefetch -----------------------------------------------------------------------------
+    def _start_prefetch(self) -> None:
+        self._stop = threading.Event()
+        self._queue = queue.Queue(maxsize=self.prefetch)
+        self._thread = threading.Thread(target=self._produce, args=(self._stop, self._queue),
+                                        name=f"zephon-prefetch-rank{self.rank}", daemon=True)
+        self._thread.start()
+
+    def _produce(self, stop: threading.Event, q: "queue.Queue") -> None:
+        while not stop.is_set():
+            try:
+                item = ("ok", self._compute(), None)
+                item = ("ok", item[1], self._snapshot())
+            except StopIteration:
+                item = ("end", None, None)
+            except BaseException as e:  # surfaced in the consumer's next()
+                item = ("err", e, None)
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if item[0] != "ok":
+                return
+
+    def _stop_prefetch(self) -> None:
+        t, self._thread = self._thread, None
+        if t is None:
+            return
+        self._stop.set()
+        while t.is_alive():
+            try:
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            t.join(timeout=0.1)
+        self._queue = None
 
     def lane_metrics(self) -> Dict[int, List[Dict[str, Any]]]:
         """Per owned lane, the metrics of every node of its pipeline (see ZNode.metrics)."""
@@ -287,6 +366,11 @@ class Router(ZNode[Any]):
         return out
 
     def get_state(self) -> Dict[str, Any]:
+        if self.prefetch and self._delivered is not None:
+            return copy.deepcopy(self._delivered)
+        return self._snapshot()
+
+    def _snapshot(self) -> Dict[str, Any]:
         state: Dict[str, Any] = self._tagged(
             {"format_version": FORMAT_VERSION, "lanes": self.lanes, "seed": self.seed,
              "fingerprint": self.fingerprint, "step": self.step,
@@ -297,6 +381,7 @@ class Router(ZNode[Any]):
         return state
 
     def _close_own(self) -> None:
+        self._stop_prefetch()
         if self._own_pools:
             # lanes first (they cancel pending tasks), then the pools they shared
             for n in self._lanes or []:

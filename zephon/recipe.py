@@ -332,7 +332,7 @@ class Recipe:
         self.shuffle_buffer = _int("[shuffle].", "buffer", shuffle.get("buffer", 1024), 1)
 
         workers = r.get("workers", {})
-        _check_keys("[workers]", workers, ["count", "backend", "timeout_s", "start_method", "chunk_size"])
+        _check_keys("[workers]", workers, ["count", "backend", "timeout_s", "start_method", "chunk_size", "prefetch"])
         try:
             self.workers = WorkerConfig(
                 count=_int("[workers].", "count", workers.get("count", 0), 0),
@@ -343,6 +343,8 @@ class Recipe:
         except ValueError as e:
             raise _fail(f"recipe: [workers]: {e}") from None
         self.chunk_size = _int("[workers].", "chunk_size", workers.get("chunk_size", 32), 1)
+        prefetch = workers.get("prefetch", "auto")
+        self.prefetch = prefetch if prefetch == "auto" else _int("[workers].", "prefetch", prefetch, 0)
 
         tokw = r.get("tokenize", {})
         _check_keys("[tokenize]", tokw, ["workers", "backend"])
@@ -655,7 +657,8 @@ class Recipe:
         node = Pack(node, seq_len=self.seq_len, algorithm=self.pack_algorithm, flush_every=self.pack_flush_every,
                     pad_id=pad, max_open=self.pack_max_open)
         if self.shuffle_buffer > 1:
-            node = WindowShuffle(node, buffer=self.shuffle_buffer, seed=self.seed, lane=ctx.lane)
+            node = WindowShuffle(node, buffer=self.shuffle_buffer, seed=self.seed, lane=ctx.lane,
+                                 phase=(ctx.lane * self.shuffle_buffer) // self.lanes)
         return Batch(node, batch_size=self.rows_per_lane)
 
     def _build_mm_lane(self, ctx: LaneContext, p: _Prepared):
@@ -681,18 +684,29 @@ class Recipe:
                       pad_id=pad, ignore_ids=list(p.special.values()), mrope=self.vision.mrope)
         buffer = -(-self.shuffle_buffer // self.rows_per_lane)  # in micro-batches
         if buffer > 1:
-            node = WindowShuffle(node, buffer=buffer, seed=self.seed, lane=ctx.lane)
+            node = WindowShuffle(node, buffer=buffer, seed=self.seed, lane=ctx.lane, phase=(ctx.lane * buffer) // self.lanes)
         return node
+
+    def prefetch_depth(self, world_size: int) -> int:
+        """Local batches a rank computes ahead. "auto": enough to cover one shuffle-window refill
+        (lanes refill at staggered steps, so a refill is ``buffer / (lanes per rank x rows per
+        lane)`` steps of the rank's work), at least 2."""
+        if self.prefetch != "auto":
+            return int(self.prefetch)
+        per_step = (self.lanes // world_size) * self.rows_per_lane
+        return max(2, -(-self.shuffle_buffer // per_step) + 1) if self.shuffle_buffer > 1 else 2
 
     def router(self, world_size: int = 1, rank: int = 0, workers: Optional[WorkerConfig] = None, **kw: Any) -> Router:
         """This rank's loader (a torchdata node yielding its local batches)."""
         check_world_size(self.lanes, world_size)
+        kw.setdefault("prefetch", self.prefetch_depth(world_size))
         return Router(self.build_lane, lanes=self.lanes, world_size=world_size, rank=rank, seed=self.seed,
                       fingerprint=self.fingerprint, workers=workers or self.workers,
                       shared_state=self.shared_state, adopt_shared=self.adopt_shared, **kw)
 
     def global_loader(self, world_size: int = 1, workers: Optional[WorkerConfig] = None, **kw: Any) -> GlobalLoader:
         """All ``world_size`` ranks in this process: yields global batches (tests, hashes)."""
+        kw.setdefault("prefetch", self.prefetch_depth(world_size))
         return GlobalLoader(self.build_lane, lanes=self.lanes, world_size=world_size, seed=self.seed,
                             fingerprint=self.fingerprint, workers=workers or self.workers,
                             shared_state=self.shared_state, adopt_shared=self.adopt_shared, **kw)

@@ -1,0 +1,520 @@
+#!/usr/bin/env python
+"""zephon benchmarks, text half: one command, side by side, on the same data.
+
+    python benchmarks/run.py [--size smoke|small|full] [--only text] [--rounds N] [--no-profile]
+
+Generates the corpus deterministically under benchmarks/.data/, runs every installed contender
+(zephon, Grain with threads and with mp_prefetch, torchdata.nodes, TorchTitan's
+HuggingFaceTextDataLoader) and the tokenizer-only limit at 1 and 2 threads, in rounds that
+alternate the order (A B C ... then ... C B A) so that machine noise cancels in the per-round
+ratios; then zephon's restore time vs step, checkpoint size, lanes-per-rank scaling, consumer wait
+behind a fake training step, and a py-spy profile. Writes benchmarks/results/text_<size>.md and
+text_<size>.png (and text_<size>.json with every raw measurement).
+
+Each measurement runs in a fresh Python process (clean peak RSS, no leftover threads), except at
+``--size smoke``, which runs in-process to stay fast (used by tests/test_benchmarks_smoke.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(HERE, ".data", "hf_cache"))
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# size -> plan. steps: batches timed after the first (a multiple of every shuffle window, so the
+# timed span holds whole windows of work for every contender)
+PLANS: Dict[str, Dict[str, Any]] = {
+    "smoke": {"rounds": 1, "threads": [1], "steps": 8, "warmup": 0, "lanes_warmup": 0, "shuffle_rows": 8, "restore_steps": [2, 10],
+              "restore_repeats": 1, "lanes": [8, 16], "lanes_batch": 16, "lanes_steps": 2, "lanes_rounds": 1,
+              "wait_steps": 10, "wait_ms": 20, "profile": False, "titan_extra": False,
+              "bracket": False},
+    "small": {"rounds": 2, "threads": [1, 2], "steps": 64, "warmup": 64, "lanes_warmup": 16, "shuffle_rows": 64, "restore_steps": [10, 1000],
+              "restore_repeats": 3, "lanes": [8, 64, 256], "lanes_batch": 256, "lanes_steps": 16, "lanes_rounds": 1,
+              "lanes_threads": [2],
+              "wait_steps": 160, "wait_ms": 50, "profile": True, "titan_extra": True},
+    "full": {"rounds": 3, "threads": [1, 2], "steps": 256, "warmup": 128, "lanes_warmup": 16, "shuffle_rows": 64,
+             "restore_steps": [10, 1000, 10000], "restore_repeats": 3, "lanes": [8, 64, 256], "lanes_batch": 256,
+             "lanes_steps": 16, "lanes_rounds": 3, "wait_steps": 320, "wait_ms": 50, "profile": True,
+             "titan_extra": True},
+}
+LANES_SHUFFLE_ROWS = 8  # per-lane window in the lanes-per-rank sweep (256 lanes x 64 rows would be 1 GB)
+
+CONTENDERS = ["zephon", "grain_threads", "grain_mp", "torchdata", "titan"]
+LABELS = {
+    "zephon": "zephon (thread workers)",
+    "grain_threads": "Grain (threads)",
+    "grain_mp": "Grain (mp_prefetch)",
+    "torchdata": "torchdata.nodes ParallelMapper",
+    "titan": "TorchTitan HuggingFaceTextDataLoader",
+    "titan_nw2": "TorchTitan, num_workers=2",
+    "limit": "limit: encode_batch_fast alone",
+}
+NEEDS = {"grain_threads": "grain", "grain_mp": "grain", "torchdata": "torchdata.nodes", "titan": "torchtitan",
+         "titan_nw2": "torchtitan", "zephon": "zephon"}
+
+
+# =========================================================================== worker side
+class RssSampler:
+    """Peak resident memory of this process plus all its children, sampled every 50 ms."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.proc = psutil.Process()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        total = 0
+        try:
+            total = self.proc.memory_info().rss
+            for c in self.proc.children(recursive=True):
+                try:
+                    total += c.memory_info().rss
+                except Exception:
+                    pass
+        except Exception:
+            pass
+        self.peak = max(self.peak, total)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self._sample()
+
+    def __enter__(self) -> "RssSampler":
+        self._sample()
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._sample()
+        self._stop.set()
+        self._t.join()
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of this process and its live children so far."""
+        total = 0.0
+        for p in [self.proc] + self.proc.children(recursive=True):
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except Exception:
+                pass
+        return total
+
+
+def _settings(spec: Dict[str, Any]):
+    from benchmarks.text_contenders import Settings
+
+    return Settings.from_dict(spec["settings"])
+
+
+def _build(name: str, s, threads: int, **kw):
+    from benchmarks import text_contenders as tc
+
+    if name == "zephon":
+        return tc.build_zephon(s, threads, **kw)
+    if name == "grain_threads":
+        return tc.build_grain_threads(s, threads)
+    if name == "grain_mp":
+        return tc.build_grain_mp(s, threads)
+    if name == "torchdata":
+        return tc.build_torchdata(s, threads)
+    if name == "titan":  # 1 "thread" = the main process alone; 2 = main + 1 worker process
+        return tc.build_titan(s, threads - 1)
+    if name == "titan_nw2":
+        return tc.build_titan(s, 2)
+    raise ValueError(name)
+
+
+def _labels_of(batch: Any):
+    if isinstance(batch, (list, tuple)):
+        return batch[1]
+    return batch.get("labels")
+
+
+def w_throughput(spec: Dict[str, Any]) -> Dict[str, Any]:
+    import numpy as np
+
+    from benchmarks.text_contenders import rows_of
+
+    s = _settings(spec)
+    name, threads, steps = spec["contender"], spec["threads"], spec["steps"]
+    kw = spec.get("build_kw", {})
+    with RssSampler() as mem:
+        t0 = time.perf_counter()
+        built = _build(name, s, threads, **kw)
+        b = next(built.it)
+        ttfb = time.perf_counter() - t0
+        for _ in range(spec.get("warmup", 0)):  # reach steady state: prefetch leads built during the
+            b = next(built.it)                   # first batch are used up before timing starts
+        t1 = time.perf_counter()
+        c1 = mem.cpu_s()
+        x = rows_of(b)
+        rows, seq = x.shape
+        pad = n = 0
+        for _ in range(steps):
+            b = next(built.it)
+            lab = _labels_of(b)
+            if lab is not None:
+                lab = np.asarray(lab)
+                pad += int(np.count_nonzero(lab == -100))
+                n += lab.size
+        t2 = time.perf_counter()
+        c2 = mem.cpu_s()
+        state = built.state_bytes()
+        built.close()
+    assert seq == s.seq_len, (name, x.shape)
+    return {"contender": name, "threads": threads, "ttfb_s": ttfb, "seconds": t2 - t1, "steps": steps,
+            "warmup": spec.get("warmup", 0),
+            "rows": rows, "tokens": steps * rows * seq, "tokens_per_s": steps * rows * seq / (t2 - t1),
+            "pad_frac": pad / n if n else None, "peak_rss_mb": mem.peak / 2**20, "state": state,
+            "cpu_s_per_mtok": (c2 - c1) / (steps * rows * seq / 1e6),
+            "notes": built.notes, "kw": kw}
+
+
+def w_limit(spec: Dict[str, Any]) -> Dict[str, Any]:
+    from benchmarks.text_contenders import limit_tokens_per_s
+
+    s = _settings(spec)
+    with RssSampler() as mem:
+        r = limit_tokens_per_s(s, spec["threads"], spec["tokens"], cpu=mem.cpu_s)
+    r.update({"contender": "limit", "threads": spec["threads"], "peak_rss_mb": mem.peak / 2**20})
+    return r
+
+
+def _sha(batch: Any) -> str:
+    from zephon import batch_sha256
+
+    return batch_sha256(batch)
+
+
+def w_restore(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """zephon: advance to each target step, snapshot, keep the next batch as reference; then
+    restore each snapshot into a fresh loader and time load_state_dict + the first batch."""
+    from zephon import WorkerConfig
+
+    from benchmarks.text_contenders import zephon_recipe
+
+    s = _settings(spec)
+    wc = WorkerConfig(spec["threads"], "thread")
+    r = zephon_recipe(s)
+    r.prepare()
+    snaps = []
+    t0 = time.perf_counter()
+    with r.global_loader(world_size=1, workers=wc) as g:
+        next(g)
+        fresh_first = time.perf_counter() - t0
+        step = 1
+        for target in spec["targets"]:
+            while step < target:
+                next(g)
+                step += 1
+            st = g.state_dict()
+            ref = _sha(next(g))
+            step += 1
+            lanes = {k: len(json.dumps(v).encode()) for k, v in st.items() if k.startswith("lane_")}
+            snaps.append((target, json.loads(json.dumps(st)), ref, lanes, len(json.dumps(st).encode())))
+    advance_s = time.perf_counter() - t0
+    out = []
+    for target, st, ref, lanes, total in snaps:
+        loads, firsts, ok = [], [], True
+        for _ in range(spec["repeats"]):
+            g2 = r.global_loader(world_size=1, workers=wc)
+            a = time.perf_counter()
+            g2.load_state_dict(st)
+            b = time.perf_counter()
+            got = _sha(next(g2))
+            c = time.perf_counter()
+            g2.close()
+            loads.append(b - a)
+            firsts.append(c - b)
+            ok = ok and got == ref
+        out.append({"step": target, "load_s": statistics.median(loads), "first_batch_s": statistics.median(firsts),
+                    "restore_s": statistics.median([l + f for l, f in zip(loads, firsts)]), "identical": ok,
+                    "max_lane_bytes": max(lanes.values()), "mean_lane_bytes": sum(lanes.values()) / len(lanes),
+                    "rank_bytes": total, "lanes": len(lanes)})
+    return {"threads": spec["threads"], "fresh_first_batch_s": fresh_first, "advance_s": advance_s, "points": out}
+
+
+def w_wait(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """Consumer wait per step behind a fake training step of ``ms`` (a sleep: the host thread idles
+    while the accelerator computes, as in a GPU-bound step)."""
+    s = _settings(spec)
+    built = _build(spec["contender"], s, spec["threads"])
+    next(built.it)
+    time.sleep(spec["ms"] / 1000 * 4)  # the first step's work
+    waits = []
+    for _ in range(spec["steps"]):
+        a = time.perf_counter()
+        next(built.it)
+        waits.append(time.perf_counter() - a)
+        time.sleep(spec["ms"] / 1000)
+    built.close()
+    return {"contender": spec["contender"], "threads": spec["threads"], "ms": spec["ms"], "waits": waits}
+
+
+WORKERS = {"throughput": w_throughput, "limit": w_limit, "restore": w_restore, "wait": w_wait}
+
+
+def worker_main(spec_json: str) -> None:
+    spec = json.loads(spec_json)
+    try:
+        out = {"ok": True, "result": WORKERS[spec["kind"]](spec)}
+    except Exception as e:  # reported, not fatal for the whole run
+        out = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    sys.stdout.flush()
+    with open(spec["out"], "w") as f:
+        json.dump(out, f)
+
+
+# =========================================================================== orchestrator
+class Runner:
+    def __init__(self, inprocess: bool, tmp: str, log) -> None:
+        self.inprocess, self.tmp, self.log, self.n = inprocess, tmp, log, 0
+
+    def call(self, spec: Dict[str, Any], timeout: float = 900, prefix: Optional[List[str]] = None) -> Dict[str, Any]:
+        self.n += 1
+        spec = dict(spec, out=os.path.join(self.tmp, f"r{self.n}.json"))
+        if self.inprocess and prefix is None:
+            worker_main(json.dumps(spec))
+        else:
+            cmd = (prefix or []) + [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
+            try:
+                p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+            if not os.path.exists(spec["out"]):
+                tail = (p.stderr or "")[-2000:]
+                return {"ok": False, "error": f"worker exited with {p.returncode} and no result: {tail}"}
+        with open(spec["out"]) as f:
+            res = json.load(f)
+        if not res["ok"]:
+            self.log(f"    ! {res['error']}")
+        return res
+
+
+def available(name: str) -> Optional[str]:
+    import importlib.util
+
+    mod = NEEDS.get(name)
+    if mod is None:
+        return None
+    try:
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} is not installed"
+    except ModuleNotFoundError:
+        return f"{mod} is not installed"
+    return None
+
+
+def versions() -> Dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for p in ("zephon", "grain", "torch", "torchdata", "torchtitan", "tokenizers", "datasets", "numpy", "matplotlib",
+              "py-spy"):
+        try:
+            out[p] = version(p)
+        except PackageNotFoundError:
+            out[p] = "not installed"
+    return out
+
+
+def machine() -> Dict[str, Any]:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = None
+    try:
+        import psutil
+
+        mem = round(psutil.virtual_memory().total / 2**30, 1)
+    except Exception:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "memory_gib": mem, "platform": platform.platform(), "loadavg_start": os.getloadavg()}
+
+
+def med(xs: List[float]) -> Optional[float]:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Optional[bool], log,
+             out_dir: Optional[str] = None) -> str:
+    from benchmarks.corpus import DATA, text_corpus
+    from zephon.demo import TOKENIZER_DIR
+
+    plan = dict(PLANS[size])
+    if rounds:
+        plan["rounds"] = rounds
+    inprocess = (size == "smoke") if inprocess is None else inprocess
+    started = time.time()
+    log(f"[text/{size}] generating corpus ...")
+    corpus = text_corpus(size)
+    settings = {"files": corpus["files"], "glob": corpus["glob"], "corpus_dir": corpus["dir"],
+                "cache_dir": os.path.join(DATA, "cache"), "tokenizer_dir": TOKENIZER_DIR,
+                "seq_len": 2048, "batch_rows": 8, "lanes": 8, "shuffle_rows": plan["shuffle_rows"]}
+    log(f"  {corpus['docs']} documents, {corpus['bytes'] / 1e6:.1f} MB of JSONL in {len(corpus['files'])} shards")
+    tmp = tempfile.mkdtemp(prefix="zephon-bench-")
+    R = Runner(inprocess, tmp, log)
+    skipped = {n: why for n in CONTENDERS + ["titan_nw2"] if (why := available(n))}
+    for n, why in skipped.items():
+        log(f"  skipping {n}: {why}")
+    contenders = [c for c in CONTENDERS if c not in skipped]
+
+    # warm the caches (zephon's index, the HF datasets Arrow cache) so time-to-first-batch is warm
+    log("  warming caches ...")
+    warm = {}
+    for c in contenders:
+        if c in ("zephon", "titan"):
+            res = R.call({"kind": "throughput", "contender": c, "threads": 1, "steps": 1, "settings": settings})
+            warm[c] = res.get("result", {}).get("ttfb_s")
+
+    # ---------------------------------------------------------------- throughput rounds
+    raw: List[Dict[str, Any]] = []
+    tokens_target = plan["steps"] * 8 * 2048
+
+    def measure(c: str, threads: int, rnd: int, slot: int) -> None:
+        log(f"  round {rnd + 1}/{plan['rounds']} threads={threads} {c} ...")
+        if c == "limit":
+            res = R.call({"kind": "limit", "threads": threads, "tokens": tokens_target, "settings": settings})
+        else:
+            res = R.call({"kind": "throughput", "contender": c, "threads": threads, "steps": plan["steps"],
+                          "warmup": plan["warmup"], "settings": settings})
+        if res["ok"]:
+            r = res["result"]
+            r.update(round=rnd, contender=c, slot=slot)
+            raw.append(r)
+            log(f"    {r['tokens_per_s'] / 1e6:.3f} M tokens/s")
+        else:
+            raw.append({"contender": c, "threads": threads, "round": rnd, "slot": slot, "error": res["error"]})
+
+    # each other contender runs between two zephon runs (Z X1 Z X2 Z ... Z), the order of the
+    # others reversed every round: its ratio uses the zephon runs right before and after it
+    others = [c for c in contenders if c != "zephon"] + ["limit"]
+    for rnd in range(plan["rounds"]):
+        for threads in plan["threads"]:
+            xs = others + (["titan_nw2"] if plan["titan_extra"] and "titan" in contenders
+                           and threads == max(plan["threads"]) else [])
+            if rnd % 2:
+                xs = xs[::-1]
+            slot = 0
+            if "zephon" in contenders:
+                measure("zephon", threads, rnd, slot)
+            for c in xs:
+                slot += 1
+                measure(c, threads, rnd, slot)
+                if "zephon" in contenders and plan.get("bracket", True):
+                    slot += 1
+                    measure("zephon", threads, rnd, slot)
+
+    # ---------------------------------------------------------------- zephon: restore
+    log("  zephon restore vs step ...")
+    restore = R.call({"kind": "restore", "threads": max(plan["threads"]), "targets": plan["restore_steps"],
+                      "repeats": plan["restore_repeats"], "settings": settings}, timeout=3600)
+
+    # ---------------------------------------------------------------- zephon: lanes per rank
+    lanes_raw: List[Dict[str, Any]] = []
+    for rnd in range(plan["lanes_rounds"]):
+        for threads in plan.get("lanes_threads", plan["threads"]):
+            lanes_order = plan["lanes"] if rnd % 2 == 0 else plan["lanes"][::-1]
+            for L in lanes_order:
+                log(f"  lanes round {rnd + 1} threads={threads} lanes={L} ...")
+                res = R.call({"kind": "throughput", "contender": "zephon", "threads": threads,
+                              "steps": plan["lanes_steps"], "warmup": plan["lanes_warmup"], "settings": settings,
+                              "build_kw": {"lanes": L, "global_batch": plan["lanes_batch"],
+                                           "shuffle_rows": LANES_SHUFFLE_ROWS}})
+                if res["ok"]:
+                    r = res["result"]
+                    r.update(lanes=L, round=rnd)
+                    lanes_raw.append(r)
+                    log(f"    {r['tokens_per_s'] / 1e6:.3f} M tokens/s, first batch {r['ttfb_s']:.1f} s")
+
+    # ---------------------------------------------------------------- consumer wait
+    waits: List[Dict[str, Any]] = []
+    for c in contenders:
+        log(f"  consumer wait: {c}, 1 worker thread, {plan['wait_ms']} ms fake step ...")
+        res = R.call({"kind": "wait", "contender": c, "threads": 1, "ms": plan["wait_ms"], "steps": plan["wait_steps"],
+                      "settings": settings})
+        if res["ok"]:
+            waits.append(res["result"])
+
+    # ---------------------------------------------------------------- profile
+    profiles: Dict[int, Any] = {}
+    if plan["profile"] and do_profile:
+        from benchmarks.profile_text import profile_zephon
+
+        for threads in plan["threads"]:
+            log(f"  py-spy profile of zephon at {threads} thread(s) ...")
+            profiles[threads] = profile_zephon(R, settings, threads, plan["steps"], tmp)
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    data = {"size": size, "plan": plan, "corpus": {k: corpus[k] for k in ("docs", "bytes")},
+            "shards": len(corpus["files"]), "settings": {k: v for k, v in settings.items() if k != "files"},
+            "machine": machine(), "versions": versions(), "skipped": skipped, "warm_ttfb": warm,
+            "throughput": raw, "restore": restore, "lanes": lanes_raw, "waits": waits, "profiles": profiles,
+            "wall_s": time.time() - started, "inprocess": inprocess}
+    data["machine"]["loadavg_end"] = os.getloadavg()
+    from benchmarks.report import write_report
+
+    out_dir = out_dir or os.path.join(HERE, "results")
+    os.makedirs(out_dir, exist_ok=True)
+    md = write_report(data, os.path.join(out_dir, f"text_{size}"))
+    log(f"[text/{size}] done in {data['wall_s']:.0f} s: {md}")
+    return md
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=sorted(PLANS), default="small")
+    ap.add_argument("--only", choices=["text"], default="text", help="which half (vision comes later)")
+    ap.add_argument("--rounds", type=int, default=None, help="override the number of A/B rounds")
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--inprocess", action="store_true", default=None,
+                    help="run measurements in this process (default only at --size smoke)")
+    ap.add_argument("--out", default=None, help="results folder (default: benchmarks/results)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        worker_main(a.worker)
+        return 0
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    run_text(a.size, a.rounds, not a.no_profile, a.inprocess, log, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The benchmark harness at its tiny size, so it cannot rot: it runs end to end and writes a
+well-formed results file. No timed assertions: the numbers themselves are not checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(ROOT, "benchmarks", "run.py")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    p = subprocess.run([sys.executable, RUN, "--size", "smoke", "--only", "text", "--out", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"benchmarks/run.py --size smoke failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return out, p.stdout
+
+
+def test_results_files_written(smoke):
+    out, _ = smoke
+    for ext in ("md", "json", "png"):
+        assert (out / f"text_smoke.{ext}").exists(), f"text_smoke.{ext} missing"
+    with open(out / "text_smoke.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_markdown_is_well_formed(smoke):
+    out, _ = smoke
+    md = (out / "text_smoke.md").read_text()
+    for heading in ("## Machine, versions, settings", "## Throughput (median tokens/s) and ratios",
+                    "## Time to first batch, peak memory, checkpoint size", "## zephon: restore time vs step",
+                    "## zephon: lanes per rank", "## Consumer wait behind a fake training step",
+                    "## What differs between the contenders"):
+        assert heading in md, heading
+    assert "The machine was shared" in md
+    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    assert any(line.startswith("| zephon (thread workers) |") for line in rows)
+    assert any(line.startswith("| limit: encode_batch_fast alone |") for line in rows)
+    for line in rows:  # table rows are closed (no cell text spilled past the table)
+        assert line.rstrip().endswith("|"), line
+    assert "**NO**" not in md, "a restored batch differed from the uninterrupted run"
+
+
+def test_json_has_every_measurement(smoke):
+    out, stdout = smoke
+    data = json.loads((out / "text_smoke.json").read_text())
+    got = {(r["contender"], r["threads"]) for r in data["throughput"] if "error" not in r}
+    assert ("zephon", 1) in got and ("limit", 1) in got
+    errors = [r for r in data["throughput"] if "error" in r]
+    assert not errors, errors
+    # contenders that are not installed are skipped with a note, never silently
+    for name, why in data["skipped"].items():
+        assert "not installed" in why
+        assert f"skipping {name}" in stdout
+    for r in data["throughput"]:
+        assert r["tokens_per_s"] > 0
+    assert data["restore"]["ok"], data["restore"]
+    for p in data["restore"]["result"]["points"]:
+        assert p["identical"], p
+        assert p["max_lane_bytes"] < 1024, p
+    assert data["lanes"] and data["waits"]
