@@ -10,11 +10,11 @@ process workers load the tokenizer once.
 from __future__ import annotations
 
 import itertools
-import uuid
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from zephon.workers import ProcessLocal
 from zephon.datasets import BadRecord, DatasetIndex
 from zephon.tokenizer import TextTokenizer
 from zephon.worksource import WorkItem
@@ -36,9 +36,6 @@ class TokDoc(NamedTuple):
     @property
     def provenance(self) -> str:
         return self.item.provenance
-
-
-_PROCESS_CACHE: Dict[str, "FetchTokenize"] = {}
 
 
 class _LRU:
@@ -65,16 +62,7 @@ class _LRU:
                 self._d.popitem(last=False)
 
 
-def _restore(key: str, state: Dict[str, Any]) -> "FetchTokenize":
-    obj = _PROCESS_CACHE.get(key)
-    if obj is None:
-        obj = FetchTokenize.__new__(FetchTokenize)
-        obj.__dict__.update(state)
-        _PROCESS_CACHE[key] = obj
-    return obj
-
-
-class FetchTokenize:
+class FetchTokenize(ProcessLocal):
     """``items -> [TokDoc]``: read records (grouped per shard), tokenize them in one batch.
 
     ``on_error[d]`` is "raise" (a bad record stops the run with a message naming dataset, file
@@ -90,11 +78,9 @@ class FetchTokenize:
         for p in self.on_error:
             if p not in ON_ERROR:
                 raise ValueError(f"on_error must be one of {ON_ERROR}, got {p!r}")
-        self._key = uuid.uuid4().hex
+        ProcessLocal.__init__(self)
 
-    def __reduce__(self):
-        state = {k: v for k, v in self.__dict__.items() if k != "_parts_cache"}
-        return (_restore, (self._key, state))
+    _transient = ("_parts_cache",)
 
     def fetch(self, items: Sequence[WorkItem]) -> List[Any]:
         """Texts (or BadRecord) of ``items``, in order; one read per (dataset, shard) group."""

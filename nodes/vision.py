@@ -29,13 +29,13 @@ from __future__ import annotations
 import io
 import itertools
 import math
-import uuid
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from zephon.workers import ProcessLocal
 from zephon.datasets import BadRecord, DataError
 from zephon.datasets.errors import SKIP_HINT
 from zephon.worksource import WorkItem
@@ -236,19 +236,7 @@ class MMDoc(NamedTuple):
         return self.item.provenance
 
 
-_PROCESS_CACHE: Dict[str, "FetchVision"] = {}
-
-
-def _restore(key: str, state: Dict[str, Any]) -> "FetchVision":
-    obj = _PROCESS_CACHE.get(key)
-    if obj is None:
-        obj = FetchVision.__new__(FetchVision)
-        obj.__dict__.update(state)
-        _PROCESS_CACHE[key] = obj
-    return obj
-
-
-class FetchVision:
+class FetchVision(ProcessLocal):
     """``items -> [MMDoc]`` for a recipe mixing text and image-text datasets.
 
     ``kinds[d]`` is "text", "image_text" or "interleaved"; ``special`` maps ``image``,
@@ -268,10 +256,8 @@ class FetchVision:
         self.row_len = int(row_len)
         self.text = FetchTokenize(self.datasets, tokenizer, self.on_error, align=self.row_len)
         self._special_ids = np.array([self.special[k] for k in SPECIAL_NAMES], dtype=np.int64)
-        self._key = uuid.uuid4().hex
+        ProcessLocal.__init__(self)
 
-    def __reduce__(self):
-        return (_restore, (self._key, dict(self.__dict__)))
 
     # -- per record ---------------------------------------------------------------------------
     def _bad(self, it: WorkItem, rec: Any, reason: str) -> MMDoc:

@@ -11,7 +11,7 @@ from .mapper import OrderedMapper, WorkerError
 from .node import PipelineError, StateError, ZNode
 from .permute import IndexPermutation
 from .seeding import lane_rng, seed_sequence, stable_u64
-from .workers import PoolSet, WorkerConfig, WorkerPool
+from .workers import PoolSet, ProcessLocal, WorkerConfig, WorkerPool
 
 __version__ = "0.1.0"
 
@@ -28,7 +28,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "Accumulator", "FORMAT_VERSION", "GlobalLoader", "IndexPermutation", "LaneContext", "OrderedMapper",
-    "PipelineError", "PoolSet", "Recipe", "RecipeError", "Router", "StateError", "WorkerConfig", "WorkerError", "WorkerPool", "ZNode",
+    "PipelineError", "PoolSet", "ProcessLocal", "Recipe", "RecipeError", "Router", "StateError", "WorkerConfig", "WorkerError", "WorkerPool", "ZNode",
     "batch_sha256", "collate", "decode_state", "encode_state", "lane_key", "lane_rng", "lanes_of_rank",
     "merge_states", "seed_sequence", "stable_u64", "valid_world_sizes",
 ]

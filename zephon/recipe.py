@@ -635,25 +635,12 @@ class Recipe:
     # -- pipelines --------------------------------------------------------------------------
     def build_lane(self, ctx: LaneContext):
         """The pipeline of one lane (a torchdata BaseNode yielding micro-batches)."""
-        from zephon.nodes import Batch, Pack, SkipCounter, WindowShuffle
+        from zephon.nodes import Batch, Pack, WindowShuffle
 
         p = self.prepare()
         if self.multimodal:
             return self._build_mm_lane(ctx, p)
-        node: Any = LaneWorkSource(p.plan, ctx.lane)
-        wc = self.tokenize_workers or ctx.workers
-        if wc.count > 0:
-            # with our own workers, the tokenizer's internal thread pool only serialises them
-            from .tokenizer import set_tokenizers_parallelism
-
-            set_tokenizers_parallelism(False)
-        node = OrderedMapper(node, batch_fn=p.fetch, workers=wc, pool=ctx.pool(wc), chunk_size=self.chunk_size,
-                             max_in_flight=ctx.max_in_flight(wc), lane=ctx.lane, name="fetch+tokenize")
-        node = SkipCounter(node, dataset_names=[s.name for s in self.datasets], lanes=self.lanes,
-                           max_skipped=[s.max_skipped for s in self.datasets],
-                           max_fraction=[s.max_skipped_fraction for s in self.datasets],
-                           shard_names=[[sh.path for sh in ix.shards] for ix in p.indexes])
-        pad = p.tokenizer.pad_id if p.tokenizer.pad_id is not None else (p.tokenizer.eos_id or 0)
+        node, pad = self._lane_front(ctx, p, self.tokenize_workers or ctx.workers, self.chunk_size, "fetch+tokenize")
         node = Pack(node, seq_len=self.seq_len, algorithm=self.pack_algorithm, flush_every=self.pack_flush_every,
                     pad_id=pad, max_open=self.pack_max_open)
         if self.shuffle_buffer > 1:
@@ -661,23 +648,31 @@ class Recipe:
                                  phase=(ctx.lane * self.shuffle_buffer) // self.lanes)
         return Batch(node, batch_size=self.rows_per_lane)
 
-    def _build_mm_lane(self, ctx: LaneContext, p: _Prepared):
-        """WorkSource -> OrderedMapper(FetchVision) -> SkipCounter -> MMPack -> WindowShuffle (of micro-batches)."""
-        from zephon.nodes import MMPack, SkipCounter, WindowShuffle
+    def _lane_front(self, ctx: LaneContext, p: _Prepared, wc: WorkerConfig, chunk: int, name: str):
+        """WorkSource -> OrderedMapper(p.fetch) -> SkipCounter, shared by text and VLM lanes; and the pad id."""
+        from zephon.nodes import SkipCounter
 
-        node: Any = LaneWorkSource(p.plan, ctx.lane)
-        wc = self.vision_workers or self.tokenize_workers or ctx.workers
         if wc.count > 0:
+            # with our own workers, the tokenizer's internal thread pool only serialises them
             from .tokenizer import set_tokenizers_parallelism
 
             set_tokenizers_parallelism(False)
-        node = OrderedMapper(node, batch_fn=p.fetch, workers=wc, pool=ctx.pool(wc), chunk_size=self.vision_chunk_size,
-                             max_in_flight=ctx.max_in_flight(wc), lane=ctx.lane, name="fetch+vision")
+        node: Any = LaneWorkSource(p.plan, ctx.lane)
+        node = OrderedMapper(node, batch_fn=p.fetch, workers=wc, pool=ctx.pool(wc), chunk_size=chunk,
+                             max_in_flight=ctx.max_in_flight(wc), lane=ctx.lane, name=name)
         node = SkipCounter(node, dataset_names=[s.name for s in self.datasets], lanes=self.lanes,
                            max_skipped=[s.max_skipped for s in self.datasets],
                            max_fraction=[s.max_skipped_fraction for s in self.datasets],
                            shard_names=[[sh.path for sh in ix.shards] for ix in p.indexes])
         pad = p.tokenizer.pad_id if p.tokenizer.pad_id is not None else (p.tokenizer.eos_id or 0)
+        return node, pad
+
+    def _build_mm_lane(self, ctx: LaneContext, p: _Prepared):
+        """WorkSource -> OrderedMapper(FetchVision) -> SkipCounter -> MMPack -> WindowShuffle (of micro-batches)."""
+        from zephon.nodes import MMPack, WindowShuffle
+
+        node, pad = self._lane_front(ctx, p, self.vision_workers or self.tokenize_workers or ctx.workers,
+                                     self.vision_chunk_size, "fetch+vision")
         node = MMPack(node, seq_len=self.seq_len, rows=self.rows_per_lane, patch_dim=self.vision.patch_dim,
                       max_images_per_batch=self.vision.max_images_per_batch,
                       max_images_per_row=self.vision.max_images_per_row, flush_every=self.pack_flush_every,

@@ -130,3 +130,35 @@ class PoolSet:
 
     def __repr__(self) -> str:
         return f"PoolSet({list(self._pools.values())})"
+
+
+_PROCESS_OBJECTS: Dict[str, Any] = {}
+
+
+def _process_local(cls: type, key: str, state: Dict[str, Any]) -> Any:
+    obj = _PROCESS_OBJECTS.get(key)
+    if obj is None:
+        obj = cls.__new__(cls)
+        obj.__dict__.update(state)
+        _PROCESS_OBJECTS[key] = obj
+    return obj
+
+
+class ProcessLocal:
+    """Base for worker functions that are expensive to unpickle (tokenizers, dataset handles).
+
+    Pickled with every task sent to a process pool, but unpickled once per worker process: the
+    first copy is kept under a key made at construction and reused by later tasks. Attributes
+    named in ``_transient`` (caches) are not pickled.
+    """
+
+    _transient: Tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        import uuid
+
+        self._process_key = uuid.uuid4().hex
+
+    def __reduce__(self):
+        state = {k: v for k, v in self.__dict__.items() if k not in self._transient}
+        return (_process_local, (type(self), self._process_key, state))
