@@ -46,6 +46,7 @@ class Pack(Accumulator):
             raise ValueError(f"pack.max_open must be >= 1, got {max_open}")
         self.seq_len, self.algorithm, self.pad_id, self.max_open = seq_len, algorithm, pad_id, max_open
         self.row_len = seq_len + 1
+        self._arange = np.arange(self.row_len, dtype=np.int64)
         self._bins: List[List[Segment]] = []
         self._used: List[int] = []
         # observability (not part of the data): counters since construction
@@ -147,18 +148,24 @@ class Pack(Accumulator):
     # -- rows -------------------------------------------------------------------------------
     def _emit_row(self, segments: List[Segment], used: int) -> None:
         L = self.row_len
-        tokens = np.full(L, self.pad_id, dtype=np.int64)
-        positions = np.zeros(L, dtype=np.int64)
-        doc_ids = np.full(L, -1, dtype=np.int32)
-        dataset = np.full(L, -1, dtype=np.int16)
+        tokens = np.empty(L, dtype=np.int64)
+        positions = np.empty(L, dtype=np.int64)
+        doc_ids = np.empty(L, dtype=np.int32)
+        dataset = np.empty(L, dtype=np.int16)
+        arange = self._arange
         pos = 0
         for j, (seg, ds, _) in enumerate(segments):
             k = len(seg)
             tokens[pos : pos + k] = seg
-            positions[pos : pos + k] = np.arange(k)
+            positions[pos : pos + k] = arange[:k]
             doc_ids[pos : pos + k] = j
             dataset[pos : pos + k] = ds
             pos += k
+        if pos < L:  # padding
+            tokens[pos:] = self.pad_id
+            positions[pos:] = 0
+            doc_ids[pos:] = -1
+            dataset[pos:] = -1
         labels = tokens[1:].copy()
         labels[used - 1 :] = IGNORE_INDEX  # targets that are padding
         self.rows_out += 1

@@ -320,3 +320,15 @@ def test_checkpoint_of_another_recipe_is_refused(corpus, recipe):
     other = Recipe.from_toml(write_recipe(str(corpus), "other.toml", buffer=4))
     with pytest.raises(StateError, match="recipe changed"):
         hashes(other, 2, 1, state=state)
+
+
+def test_vectorised_planning_equals_the_scalar_reference(recipe):
+    from zephon.worksource import LaneWorkSource
+
+    plan = recipe.prepare().plan
+    for lane in (0, 5):
+        src = LaneWorkSource(plan, lane)
+        for d, ds in enumerate(plan.datasets):
+            for k in list(range(0, 3 * ds.num_records // plan.lanes + 70, 7)):
+                q, epoch, shard, record = src._locate_count(d, k)
+                assert (epoch, shard, record) == src._locate(d, q)

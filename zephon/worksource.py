@@ -133,9 +133,7 @@ class _EpochOrder:
         self._perms: Dict[int, IndexPermutation] = {}
         self.sizes = sizes
 
-    def locate(self, p: int) -> Tuple[int, int]:
-        j = int(np.searchsorted(self.starts, p, side="right")) - 1
-        shard = int(self.order[j])
+    def _perm(self, shard: int) -> IndexPermutation:
         perm = self._perms.get(shard)
         if perm is None:
             seed, ds, epoch = self.key
@@ -143,7 +141,23 @@ class _EpochOrder:
             if len(self._perms) > 64:
                 self._perms.clear()
             self._perms[shard] = perm
-        return shard, perm[p - int(self.starts[j])]
+        return perm
+
+    def locate(self, p: int) -> Tuple[int, int]:
+        j = int(np.searchsorted(self.starts, p, side="right")) - 1
+        shard = int(self.order[j])
+        return shard, self._perm(shard)[p - int(self.starts[j])]
+
+    def locate_many(self, p: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """Vectorised :meth:`locate` for an array of positions of this epoch."""
+        j = np.searchsorted(self.starts, p, side="right") - 1
+        shards = self.order[j]
+        records = np.empty(len(p), dtype=np.int64)
+        offsets = p - self.starts[j]
+        for shard in np.unique(shards):
+            sel = shards == shard
+            records[sel] = self._perm(int(shard)).take(offsets[sel])
+        return shards.astype(np.int64), records
 
 
 class WorkPlan:
@@ -196,6 +210,8 @@ class LaneWorkSource(ZNode[WorkItem]):
         self.phase_bytes = [0] * n
         self.phase_count = [0] * n
         self.part = [0] * n  # next part of the record in progress per dataset (0 = none)
+        # derived, not state: each dataset's next LOOKAHEAD record locations, computed at once
+        self._ahead: List[Optional[Tuple[int, np.ndarray, np.ndarray, np.ndarray]]] = [None] * n
 
     def _repr_args(self):
         yield f"lane={self.lane}/{self.plan.lanes}"
@@ -268,13 +284,36 @@ class LaneWorkSource(ZNode[WorkItem]):
                     return d
         return best
 
-    def _locate(self, d: int, q: int) -> Tuple[int, int, int]:
-        ds = self.plan.datasets[d]
-        epoch, p = divmod(q, ds.num_records)
+    LOOKAHEAD = 64
+
+    def _locate_count(self, d: int, k: int) -> Tuple[int, int, int, int]:
+        """(position q, epoch, shard, record) of this lane's k-th record of dataset d."""
+        ahead = self._ahead[d]
+        if ahead is None or not ahead[0] <= k < ahead[0] + len(ahead[1]):
+            ds = self.plan.datasets[d]
+            ks = np.arange(k, k + self.LOOKAHEAD, dtype=np.int64)
+            qs = self.lane + ks * self.plan.lanes
+            epochs, ps = np.divmod(qs, ds.num_records)
+            shards = np.empty_like(qs)
+            records = np.empty_like(qs)
+            for e in np.unique(epochs):
+                sel = epochs == e
+                order = self._order(d, int(e))
+                shards[sel], records[sel] = order.locate_many(ps[sel])
+            ahead = self._ahead[d] = (k, epochs, shards, records)
+        i = k - ahead[0]
+        return self.lane + k * self.plan.lanes, int(ahead[1][i]), int(ahead[2][i]), int(ahead[3][i])
+
+    def _order(self, d: int, epoch: int) -> _EpochOrder:
         order = self._orders[d]
         if order is None or order.key[2] != epoch:
-            order = self._orders[d] = _EpochOrder(self.plan.seed, d, ds.shard_sizes, epoch)
-        shard, record = order.locate(p)
+            order = self._orders[d] = _EpochOrder(self.plan.seed, d, self.plan.datasets[d].shard_sizes, epoch)
+        return order
+
+    def _locate(self, d: int, q: int) -> Tuple[int, int, int]:
+        """Scalar reference for :meth:`_locate_count` (one position, no lookahead)."""
+        epoch, p = divmod(q, self.plan.datasets[d].num_records)
+        shard, record = self._order(d, epoch).locate(p)
         return epoch, shard, record
 
     def next(self) -> WorkItem:
@@ -285,8 +324,7 @@ class LaneWorkSource(ZNode[WorkItem]):
         ds = self.plan.datasets[d]
         i = self.part[d]
         first = i == 0
-        q = self._position(d, self.count[d] - (0 if first else 1))
-        epoch, shard, record = self._locate(d, q)
+        q, epoch, shard, record = self._locate_count(d, self.count[d] - (0 if first else 1))
         nbytes = int(ds.record_bytes(shard)[record])
         parts = ds.parts(nbytes)
         share = (i + 1) * nbytes // parts - i * nbytes // parts  # this part's bytes, exact in total
