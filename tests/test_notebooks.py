@@ -34,7 +34,8 @@ _PROBE = "import sys as _zephon_probe_sys; print(_zephon_probe_sys.executable)"
 
 def test_there_are_notebooks():
     names = [p.stem for p in IPYNBS]
-    for expected in ("01_quickstart", "02_writing_your_own_node", "03_mixtures_and_curricula", "04_elastic_determinism"):
+    for expected in ("01_quickstart", "02_writing_your_own_node", "03_mixtures_and_curricula", "04_elastic_determinism",
+                     "05_vision_language"):
         assert expected in names, f"notebooks/{expected}.ipynb is missing"
 
 

@@ -228,3 +228,56 @@ def test_recipe_multimodal_fingerprint_includes_vision(root):
     a = Recipe.from_dict(vl_config(root), root)
     b = Recipe.from_dict(vl_config(root, vision=dict(vl_config(root)["vision"], max_pixels=8192)), root)
     assert a.data_definition() != b.data_definition()
+
+
+# -- TorchTitan's CheckpointManager across world sizes, real processes -----------------------------
+def _mm_reference(recipe_path: str, steps: int) -> dict:
+    """{(step, lane): hash} of an uninterrupted single-process run: per lane, its rows of the
+    token fields and mrope_positions, and its images (grid_thw rows and pixel_values patches,
+    found from images_per_row), hashed as titan_ckpt_worker.mm_lane_fields hashes them."""
+    from zephon import batch_sha256
+
+    rec = Recipe.from_toml(recipe_path)
+    rpl = rec.rows_per_lane
+    ref = {}
+    with rec.global_loader(1) as g:
+        for step in range(1, steps + 1):
+            b = next(g)
+            first = np.concatenate([[0], np.cumsum(b["images_per_row"])])
+            pstart = np.concatenate([[0], np.cumsum(b["grid_thw"].prod(axis=1))])
+            for lane in range(rec.lanes):
+                lo, hi = lane * rpl, (lane + 1) * rpl
+                i0, i1 = int(first[lo]), int(first[hi])
+                fields = {k: b[k][lo:hi] for k in ("input", "positions", "mrope_positions", "labels")}
+                fields["grid_thw"] = b["grid_thw"][i0:i1]
+                fields["pixel_values"] = b["pixel_values"][pstart[i0]:pstart[i1]]
+                ref[(step, lane)] = batch_sha256(fields)
+    return ref
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_checkpoint_manager_multimodal_elastic_resume(recipe_path, tmp_path):
+    """TorchTitan's CheckpointManager with the multimodal ZephonDataLoader, torchrun + gloo on CPU:
+    W=2 saves after step 2, W=1 resumes for steps 3-4 and saves, W=4 resumes for steps 5-6.
+    Every lane's batches (tokens, labels, positions, MRoPE positions, grid_thw, pixel_values)
+    equal the uninterrupted single-process run's."""
+    from test_titan import _env, _read_hashes, _torchrun
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    worker = os.path.join(here, "titan_ckpt_worker.py")
+    dump, out = tmp_path / "run", tmp_path / "hashes"
+    env = _env(tmp_path)
+    for W, load, steps in [(2, 0, 2), (1, 2, 2), (4, 4, 2)]:
+        _torchrun(W, [worker, "--recipe", recipe_path, "--dump", str(dump), "--out", str(out), "--load-step", str(load),
+                      "--steps", str(steps), "--local-batch-size", "2", "--multimodal"], env)
+    got, owners = _read_hashes(str(out))
+    ref = _mm_reference(recipe_path, 6)
+    lanes = Recipe.from_toml(recipe_path).lanes
+    assert set(got) == set(ref) == {(s, l) for s in range(1, 7) for l in range(lanes)}
+    bad = [k for k in ref if got[k] != ref[k]]
+    assert not bad, f"{len(bad)} lane batches differ, first {bad[0]} at (W, rank) {owners[bad[0]]}"
+    assert [owners[(s, lanes - 1)] for s in (2, 3, 5)] == [(2, 1), (1, 0), (4, 3)]
+    # the run had images to hash on every world size
+    with Recipe.from_toml(recipe_path).global_loader(1) as g:
+        assert all(len(next(g)["grid_thw"]) for _ in range(6))

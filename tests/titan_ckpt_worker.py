@@ -1,14 +1,17 @@
 """One launch of a TorchTitan CheckpointManager round trip with the zephon loader (tests only).
 
     torchrun --standalone --nproc_per_node=W tests/titan_ckpt_worker.py \\
-        --recipe R.toml --dump DIR --out OUT --load-step S --steps N --local-batch-size B [--async]
+        --recipe R.toml --dump DIR --out OUT --load-step S --steps N --local-batch-size B [--async] \\
+        [--multimodal]
 
 Builds TorchTitan's real ``CheckpointManager`` (interval 1, full last checkpoint) around a tiny
 ``nn.Linear`` model, its optimizer and LR scheduler and a ``ZephonDataLoader`` for this DP rank,
 then does what the trainer does: ``load(S)`` (S = 0: fresh start), and for each step
 S+1..S+N: ``next()`` once per microbatch, an optimizer step, ``save(step)``. Each rank appends,
 per step, the SHA-256 of every lane's rows of what it was handed (``input``, ``labels``,
-``positions``) to ``OUT/hashes_rank{R}.jsonl``.
+``positions``) to ``OUT/hashes_rank{R}.jsonl``. With ``--multimodal`` (a vision-language
+recipe) each lane's hash also covers its ``mrope_positions`` and its images: ``grid_thw`` and
+the un-padded ``pixel_values`` (see :func:`mm_lane_fields`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import argparse
 import json
 import os
 import sys
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import titan_launcher  # noqa: E402,F401  (CPU patches before torchtitan)
@@ -34,6 +39,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--local-batch-size", type=int, required=True)
     ap.add_argument("--async", dest="async_mode", action="store_true")
+    ap.add_argument("--multimodal", action="store_true", help="hash mrope_positions and the images too")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -80,9 +86,16 @@ def main() -> None:
             for k, v in batch.items():
                 assert v.dtype == torch.int64 and v.shape == (loader.rows_per_step, loader.recipe.seq_len), (k, v.shape)
             lanes = {}
-            for j, lane in enumerate(owned):
-                lanes[str(lane)] = zephon.batch_sha256(
-                    {k: v[j * rows_per_lane:(j + 1) * rows_per_lane] for k, v in batch.items()})
+            if args.multimodal:
+                per_lane = mm_lane_fields(parts, rows_per_lane, loader.special_tokens["image_id"],
+                                          loader.recipe.vision.patch_dim)
+                assert len(per_lane) == len(owned)
+                for lane, fields in zip(owned, per_lane):
+                    lanes[str(lane)] = zephon.batch_sha256(fields)
+            else:
+                for j, lane in enumerate(owned):
+                    lanes[str(lane)] = zephon.batch_sha256(
+                        {k: v[j * rows_per_lane:(j + 1) * rows_per_lane] for k, v in batch.items()})
             f.write(json.dumps({"step": step, "dp_rank": rank, "dp_world_size": world, "lanes": lanes}) + "\n")
             f.flush()
             # a real optimizer step on data-dependent numbers
@@ -99,6 +112,36 @@ def main() -> None:
     loader.close()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def mm_lane_fields(parts, rows_per_lane: int, image_id: int, patch_dim: int):
+    """Per lane, from the TorchTitan multimodal microbatches a rank was handed (in order):
+    ``input``, ``labels``, ``positions``, ``mrope_positions`` (its rows), ``grid_thw`` and
+    ``pixel_values`` (its images, each image's patches without the per-image zero padding).
+    Images go to rows by the rows' runs of ``image_id`` tokens (TorchTitan's format keeps
+    images in token order and does not say which row each belongs to)."""
+    rows = {k: np.concatenate([p[0][k].numpy() for p in parts]) for k in ("input", "positions", "mrope_positions")}
+    rows["labels"] = np.concatenate([p[1].numpy() for p in parts])
+    grids, pix = [], []
+    for inp, _ in parts:
+        if inp["grid_thw"] is None:
+            continue
+        for j, g in enumerate(inp["grid_thw"].numpy()):
+            grids.append(g)
+            pix.append(inp["pixel_values"][j, : int(np.prod(g))].numpy())
+    is_img = rows["input"] == image_id
+    per_row = (is_img & ~np.pad(is_img[:, :-1], ((0, 0), (1, 0)))).sum(axis=1)
+    assert int(per_row.sum()) == len(grids), (per_row, len(grids))
+    first = np.concatenate([[0], np.cumsum(per_row)])
+    out = []
+    for lo in range(0, len(per_row), rows_per_lane):
+        hi = lo + rows_per_lane
+        i0, i1 = int(first[lo]), int(first[hi])
+        d = {k: v[lo:hi] for k, v in rows.items()}
+        d["grid_thw"] = np.stack(grids[i0:i1]).astype(np.int64) if i1 > i0 else np.zeros((0, 3), np.int64)
+        d["pixel_values"] = np.concatenate(pix[i0:i1]).astype(np.float32) if i1 > i0 else np.zeros((0, patch_dim), np.float32)
+        out.append(d)
+    return out
 
 
 class _TrainState:

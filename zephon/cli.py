@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-__all__ = ["main", "run_hashes", "describe_plan", "format_row"]
+__all__ = ["main", "run_hashes", "describe_plan", "format_row", "format_batch_rows"]
 
 STATE_FILE = "zephon_state.json"
 
@@ -47,21 +47,61 @@ def run_hashes(recipe: Any, *, world_size: int = 1, steps: int = 10, workers: An
     return hashes
 
 
-def format_row(tokenizer: Any, row: Dict[str, np.ndarray], dataset_names: List[str], width: int = 400) -> str:
-    """A packed row as text: documents separated by ' ‖ ', dataset tags, padding counted."""
+def format_row(tokenizer: Any, row: Dict[str, np.ndarray], dataset_names: List[str], width: int = 400, *,
+               special: Optional[Dict[str, int]] = None, grids: Optional[np.ndarray] = None, first_image: int = 0,
+               patch_size: Optional[int] = None) -> str:
+    """A packed row as text: documents separated by ' ‖ ', dataset tags, padding counted.
+
+    For a row of a multimodal batch pass the image placeholder ids (``special``: ``image``,
+    ``vision_start``, ``vision_end``), the row's rows of ``grid_thw`` (``grids``), the batch index
+    of its first image (``first_image``) and the recipe's ``patch_size``: each image's
+    ``<|vision_start|>`` + placeholder run + ``<|vision_end|>`` then reads
+    ``[image N: HxW, K tokens]`` (see :func:`format_batch_rows`)."""
+    from zephon.display import image_blocks, image_label, row_pieces
+
     parts = []
     doc = row["document_ids"]
     valid = doc >= 0
+    blocks = (image_blocks(row["input"], special, grids, first_image, patch_size)
+              if special and "image" in special else [])
     for j in np.unique(doc[valid]):
         idx = np.nonzero(doc == j)[0]
         ds = int(row["dataset"][idx[0]])
-        text = tokenizer.decode(row["input"][idx]).replace("\n", "⏎")
+        lo, hi = int(idx[0]), int(idx[-1]) + 1
+        if blocks and hi - lo == len(idx):
+            pieces = row_pieces(tokenizer.decode, row["input"], lo, hi, blocks)
+            text = "".join(v if kind == "text" else image_label(v) for kind, v in pieces)
+        else:
+            text = tokenizer.decode(row["input"][idx])
+        text = text.replace("\n", "⏎")
         parts.append(f"[{dataset_names[ds]}:{len(idx)} tok] {text}")
     pad = int((~valid).sum())
     s = " ‖ ".join(parts)
     if len(s) > width:
         s = s[: width - 1] + "…"
     return s + (f" [+{pad} pad]" if pad else "")
+
+
+def format_batch_rows(recipe: Any, batch: Dict[str, Any], rows: int, width: int = 2000) -> List[str]:
+    """``row <r>: ...`` lines (:func:`format_row`) for the first ``rows`` rows of a text or
+    multimodal batch (images as ``[image N: HxW, K tokens]`` with the text around them)."""
+    from zephon.display import MM_BATCH_FIELDS, is_multimodal, row_images
+
+    p = recipe.prepare()
+    names = [d.name for d in recipe.datasets]
+    mm = is_multimodal(batch)
+    out = []
+    for r in range(min(rows, len(batch["input"]))):
+        row = {k: v[r] for k, v in batch.items() if k not in MM_BATCH_FIELDS}
+        kw: Dict[str, Any] = {}
+        if mm:
+            first, grids, _ = row_images(batch, r)
+            kw = dict(special=p.special, grids=grids, first_image=first, patch_size=recipe.vision.patch_size)
+        line = f"row {r}: " + format_row(p.tokenizer, row, names, width=width, **kw)
+        if mm:
+            line = f"row {r} ({int(batch['images_per_row'][r])} images): " + line[len(f"row {r}: "):]
+        out.append(line)
+    return out
 
 
 def describe_plan(recipe: Any, world_size: Optional[int] = None, draws: int = 4000) -> str:
@@ -203,8 +243,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             if args.show:
                 b = batches[0]
                 print()
-                for r in range(min(args.show, len(b["input"]))):
-                    print(f"row {r}: " + format_row(p.tokenizer, {k: v[r] for k, v in b.items()}, names, width=2000))
+                for line in format_batch_rows(recipe, b, args.show, width=2000):
+                    print(line)
             return 0
     except (RecipeError, StateError, DataError, PipelineError, ValueError) as e:
         print(f"zephon {args.cmd}: error: {e}", file=sys.stderr)
