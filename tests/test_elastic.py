@@ -148,3 +148,11 @@ def test_prefetch_surfaces_errors_in_the_consumer():
     with pytest.raises(WorkerError):  # and keeps raising, never hangs
         next(g)
     g.close()
+
+
+def test_step_counts_delivered_batches_with_prefetch():
+    r = Router(LANE, lanes=4, world_size=1, seed=1, prefetch=3)
+    for t in range(1, 6):
+        next(r)
+        assert r.step == t and r.state_dict()["step"] == t
+    r.close()

@@ -179,7 +179,8 @@ class Router(ZNode[Any]):
         self.pools = pools if pools is not None else PoolSet()
         self.collate_fn = collate_fn
         self._lanes: Optional[List[BaseNode]] = None
-        self.step = 0
+        self.step = 0  # local batches delivered
+        self._produced = 0  # local batches computed (ahead of `step` when prefetching)
         # rank-independent values the pipeline derived at start (e.g. token estimates): saved
         # in the checkpoint and adopted on restore, so a resume never silently re-derives them
         self.shared_state = shared_state
@@ -253,7 +254,7 @@ class Router(ZNode[Any]):
         if initial_state is None:
             for n in nodes:
                 n.reset(None)
-            self.step = 0
+            self.step = self._produced = 0
             return
         self.check_compatible(initial_state)
         nodes = self.lane_nodes
@@ -274,11 +275,13 @@ class Router(ZNode[Any]):
             pairs = tqdm(pairs, desc=f"rank {self.rank}: restoring lanes (replay)", unit="lane", leave=False)
         for l, n in pairs:
             n.reset(initial_state[lane_key(l)])
-        self.step = step
+        self.step = self._produced = step
 
     def _compute(self) -> Any:
         outs = [next(n) for n in self.lane_nodes]
-        self.step += 1
+        self._produced += 1
+        if not self.prefetch:
+            self.step = self._produced
         return self.collate_fn(outs)
 
     def next(self) -> Any:
@@ -293,6 +296,7 @@ class Router(ZNode[Any]):
                     raise PipelineError(f"{self!r}: the prefetch thread is gone") from None
         if kind == "ok":
             self._delivered = state
+            self.step = state["step"]  # the step delivered, not the one the thread is computing
             return value
         self._queue.put((kind, value, state))  # keep raising the same end / error
         if kind == "end":
@@ -373,7 +377,7 @@ class Router(ZNode[Any]):
     def _snapshot(self) -> Dict[str, Any]:
         state: Dict[str, Any] = self._tagged(
             {"format_version": FORMAT_VERSION, "lanes": self.lanes, "seed": self.seed,
-             "fingerprint": self.fingerprint, "step": self.step,
+             "fingerprint": self.fingerprint, "step": self._produced,
              "shared": self.shared_state() if self.shared_state is not None else {}}
         )
         for l, n in zip(self.owned, self.lane_nodes):
