@@ -453,3 +453,18 @@ def test_titan_own_loader_cannot_resume_on_other_dp_degree(recipe_path, tmp_path
     p = _torchrun(1, [launcher] + base + ["--dump_folder", str(dump), "--training.steps", "3"], env, check=False)
     assert p.returncode != 0
     assert "dp_degree is inconsistent before and after checkpoint" in p.stdout
+
+
+def test_metrics_are_logged_every_n_steps(recipe_path, caplog):
+    import logging
+
+    ld = _build(recipe_path, W=2, rank=1, log_every=2)
+    try:
+        with caplog.at_level(logging.INFO, logger="zephon"):
+            for _ in range(4):
+                _take_step(ld)
+        lines = [r.getMessage() for r in caplog.records if r.name == "zephon"]
+        assert len(lines) == 2 and lines[0].startswith("zephon rank 1: step 2;") and "Pack" in lines[0]
+        assert "packing" in lines[1] and ld.metrics()["Batch"]["items"] >= 4 * 4
+    finally:
+        ld.close()

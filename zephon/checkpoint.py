@@ -26,6 +26,11 @@ MAX_ENTRY_BYTES = 1 << 20  # a lane state is ~1 KB; anything near this is corrup
 
 
 def lane_key(lane: int) -> str:
+    """The checkpoint key of a lane (zero-padded so keys sort in lane order).
+
+    >>> lane_key(7)
+    'lane_00007'
+    """
     return f"lane_{lane:05d}"
 
 

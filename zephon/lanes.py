@@ -33,6 +33,11 @@ __all__ = [
 
 
 def valid_world_sizes(lanes: int) -> List[int]:
+    """The data-parallel sizes a run with ``lanes`` lanes can use (the divisors).
+
+    >>> valid_world_sizes(12)
+    [1, 2, 3, 4, 6, 12]
+    """
     return [w for w in range(1, lanes + 1) if lanes % w == 0]
 
 
@@ -50,6 +55,11 @@ def check_world_size(lanes: int, world_size: int) -> None:
 
 
 def lanes_of_rank(lanes: int, world_size: int, rank: int) -> range:
+    """The contiguous block of lanes rank ``rank`` of ``world_size`` owns.
+
+    >>> lanes_of_rank(16, 4, 1)
+    range(4, 8)
+    """
     check_world_size(lanes, world_size)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")

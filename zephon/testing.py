@@ -166,6 +166,10 @@ def check_node(
     after k outputs (JSON round-tripped) and must produce the same next outputs (all of them, or
     ``compare_steps``). State keys must be the same at every step, and ``close()`` must leave
     no threads or child processes.
+
+    >>> from zephon.nodes import Batch
+    >>> check_node(lambda: Batch(RangeSource(10), batch_size=3)).steps
+    3
     """
     import json
 

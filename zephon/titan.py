@@ -65,6 +65,7 @@ the recipe's global batch, and says which flag to change when it does not.
 from __future__ import annotations
 
 import fcntl
+import logging
 import math
 import os
 import sys
@@ -82,6 +83,8 @@ from .node import StateError
 from .recipe import Recipe, RecipeError
 
 __all__ = ["ZephonDataLoader", "with_zephon", "zephon_llama3_debug", "demo_recipe_path", "titan_mm_batch"]
+
+_LOG = logging.getLogger("zephon")
 
 #: keys of a batch that TorchTitan's decoder models (llama3, qwen3, ...) accept besides ``input``
 MODEL_KEYS = ("positions",)
@@ -210,6 +213,10 @@ class ZephonDataLoader(BaseDataLoader):
 
         check_tokenizer: bool = True
         """Refuse a trainer tokenizer whose vocabulary differs from the recipe's."""
+
+        log_every: int = 100
+        """Log the pipeline's metrics (records/s per node, time waiting on workers, skipped
+        records, packing efficiency) every N recipe steps through the ``zephon`` logger; 0 = never."""
 
         infinite: bool = True
         """Accepted for TorchTitan's validator; how long data lasts is the recipe's choice
@@ -354,6 +361,9 @@ class ZephonDataLoader(BaseDataLoader):
     def _fetch(self) -> None:
         batch = next(self._router)
         self.on_local_batch(self._router.step, batch)
+        every = self.config.log_every
+        if every and self._router.step % every == 0:
+            self.log_metrics()
         if self.recipe.multimodal:
             self._buffer = batch  # numpy; sliced and laid out per microbatch in __next__
             self._offset = 0
@@ -388,6 +398,28 @@ class ZephonDataLoader(BaseDataLoader):
         return self
 
     # -- checkpointing -----------------------------------------------------------------------
+    def metrics(self) -> Dict[str, Any]:
+        """This rank's pipeline metrics, summed over its lanes, per node type."""
+        return self._router.summary_metrics()
+
+    def log_metrics(self) -> str:
+        """Log (and return) a one-line summary of :meth:`metrics` via the ``zephon`` logger."""
+        m = self.metrics()
+        parts = [f"step {self._router.step}"]
+        for name, v in m.items():
+            rate = v.get("items_per_s")
+            parts.append(f"{name} {v.get('items', 0)} items" + (f" {rate:,.0f}/s" if rate else ""))
+        if "OrderedMapper" in m:
+            parts.append(f"waited on workers {m['OrderedMapper'].get('wait_workers_s', 0):.2f} s")
+        if "Pack" in m and "efficiency" in m["Pack"]:
+            parts.append(f"packing {m['Pack']['efficiency']:.1%}")
+        skipped = m.get("SkipCounter", {}).get("skipped", {})
+        if any(skipped.values()):
+            parts.append("skipped " + ", ".join(f"{k}={v}" for k, v in skipped.items() if v))
+        line = f"zephon rank {self.dp_rank}: " + "; ".join(parts)
+        _LOG.info(line)
+        return line
+
     def state_dict(self) -> Dict[str, Any]:
         """``{"zephon": bytes, "lane_NNNNN": bytes, ...}``: one JSON value per owned lane."""
         if self._buffer is not None and 0 < self._offset < self.rows_per_step:

@@ -90,7 +90,11 @@ class DatasetPlan:
 
 @dataclass
 class WeightSchedule:
-    """Piecewise-constant mixture weights: ``phases[i] = (start_step, weights)``."""
+    """Piecewise-constant mixture weights: ``phases[i] = (start_step, weights)``.
+
+    >>> s = WeightSchedule([(0, [3, 1]), (1000, [1, 1])])
+    >>> s.weights(s.phase_at(10)), s.weights(s.phase_at(1500))
+    ([0.75, 0.25], [0.5, 0.5])"""
 
     phases: List[Tuple[int, List[float]]]
 
