@@ -137,20 +137,26 @@ TOP_KEYS = ["seed", "lanes", "seq_len", "global_batch_size", "cache_dir", "token
             "workers", "mixing", "schedule", "tokenize", "vision"]
 
 
-def estimate_tokens(index: DatasetIndex, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int) -> TokenEstimate:
-    """TokenEstimation: tokenize a seeded sample of a dataset and measure tokens per byte."""
+def _estimation_sample(index: Any, *, seed: int, samples: int, ds_number: int):
+    """The seeded sample of records token estimation reads: ``(shard, [local record, ...])``
+    per shard, in shard order (the same sample on every rank and every run)."""
     n = index.num_records
     k = min(samples, n)
     perm = IndexPermutation(n, stable_u64("token-estimate", seed, ds_number))
     picks = np.sort(perm.take(np.arange(k)))
     offsets = index.shard_offsets()
     shards = np.searchsorted(offsets, picks, side="right") - 1
+    for s in np.unique(shards):
+        yield int(s), (picks[shards == s] - offsets[s]).tolist()
+
+
+def estimate_tokens(index: DatasetIndex, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int) -> TokenEstimate:
+    """TokenEstimation: tokenize a seeded sample of a dataset and measure tokens per byte."""
     texts: List[str] = []
     nbytes = 0
-    for s in np.unique(shards):
-        local = (picks[shards == s] - offsets[s]).tolist()
-        rb = index.record_bytes(int(s))
-        for r, t in zip(local, index.read(int(s), local)):
+    for s, local in _estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
+        rb = index.record_bytes(s)
+        for r, t in zip(local, index.read(s, local)):
             if isinstance(t, str):
                 texts.append(t)
                 nbytes += int(rb[r])
@@ -756,18 +762,11 @@ register_lane_migration(1, _migrate_text_lane_v1)
 
 def estimate_mm_tokens(index: Any, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int) -> TokenEstimate:
     """Text tokens per text byte of an image-text dataset, from a seeded sample of records."""
-    n = index.num_records
-    k = min(samples, n)
-    perm = IndexPermutation(n, stable_u64("token-estimate", seed, ds_number))
-    picks = np.sort(perm.take(np.arange(k)))
-    offsets = index.shard_offsets()
-    shards = np.searchsorted(offsets, picks, side="right") - 1
     texts: List[str] = []
     nbytes = 0
     records = 0
-    for s in np.unique(shards):
-        local = (picks[shards == s] - offsets[s]).tolist()
-        for rec in index.read(int(s), local):
+    for s, local in _estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
+        for rec in index.read(s, local):
             segs = getattr(rec, "segments", None)
             if segs is None:
                 continue
