@@ -607,6 +607,14 @@ class DatasetIndex:
             arrays.update(self._index_arrow(s))
         return arrays
 
+    def _check_text_column(self, s: int, schema) -> None:
+        """Refuse a Parquet/Arrow shard whose text field is missing or not a string column."""
+        if schema.get_field_index(self.text_field) < 0:
+            raise self._text_column_error(s, schema.names)
+        typ = schema.field(self.text_field).type
+        if not _is_text_type(typ):
+            raise self._text_column_error(s, schema.names, typ)
+
     def _text_column_error(self, s: int, names: list[str], typ=None) -> DataError:
         if typ is None:
             shown = ", ".join(repr(n) for n in names[:20])
@@ -644,12 +652,7 @@ class DatasetIndex:
         import pyarrow.compute as pc
 
         with self._parquet_file(s) as pf:
-            schema = pf.schema_arrow
-            if schema.get_field_index(self.text_field) < 0:
-                raise self._text_column_error(s, schema.names)
-            typ = schema.field(self.text_field).type
-            if not _is_text_type(typ):
-                raise self._text_column_error(s, schema.names, typ)
+            self._check_text_column(s, pf.schema_arrow)
             md = pf.metadata
             counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
             lengths = []
@@ -693,12 +696,7 @@ class DatasetIndex:
         import pyarrow.compute as pc
 
         r = self._arrow_reader(s)
-        schema = r.schema
-        if schema.get_field_index(self.text_field) < 0:
-            raise self._text_column_error(s, schema.names)
-        typ = schema.field(self.text_field).type
-        if not _is_text_type(typ):
-            raise self._text_column_error(s, schema.names, typ)
+        self._check_text_column(s, r.schema)
         lengths = []
         try:
             batches = r if isinstance(r, pa.ipc.RecordBatchStreamReader) else (
