@@ -23,10 +23,9 @@ pytest.importorskip("PIL")
 
 from PIL import Image  # noqa: E402
 
-from test_vision import make_vl_tokenizer, vl_config  # noqa: E402
+from test_vision import vl_config, write_vl_root  # noqa: E402
 from zephon import Recipe  # noqa: E402
 from zephon.display import show  # noqa: E402
-from zephon.synth import make_demo_corpus, make_vision_corpus  # noqa: E402
 
 BOUNDARY_RGB = (0xE1, 0x1D, 0x48)  # the zp-boundary colour, #e11d48
 WIDTH, HEIGHT = 1000, 2400
@@ -119,11 +118,8 @@ def find(shot: np.ndarray, thumb: np.ndarray, tol: float = 2.0):
 
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory):
-    r = tmp_path_factory.mktemp("browser")
-    make_vl_tokenizer(str(r / "tok"))
-    make_vision_corpus(str(r), seed=4, n_wds=24, n_parquet=16, n_interleaved=8)
-    make_demo_corpus(str(r / "text"), seed=3, scale=0.01)
-    return Recipe.from_dict(vl_config(str(r)), str(r))
+    r = write_vl_root(tmp_path_factory.mktemp("browser"), seed=4, n_wds=24, n_parquet=16, n_interleaved=8)
+    return Recipe.from_dict(vl_config(r), r)
 
 
 @pytest.mark.timeout(300)

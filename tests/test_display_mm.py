@@ -18,11 +18,10 @@ pytest.importorskip("PIL")
 
 from PIL import Image  # noqa: E402
 
-from test_vision import make_vl_tokenizer, vl_config  # noqa: E402
+from test_vision import vl_config, write_vl_root  # noqa: E402
 from zephon import Recipe  # noqa: E402
 from zephon.display import denormalize, row_images, show, thumbnail_size, unpatchify  # noqa: E402
 from zephon.nodes.vision import patchify  # noqa: E402
-from zephon.synth import make_demo_corpus, make_vision_corpus  # noqa: E402
 
 LABEL = re.compile(r"\[image (\d+): (\d+)x(\d+), (\d+) tokens\]")
 
@@ -30,11 +29,7 @@ LABEL = re.compile(r"\[image (\d+): (\d+)x(\d+), (\d+) tokens\]")
 # -- fixtures ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    r = tmp_path_factory.mktemp("dmm")
-    make_vl_tokenizer(str(r / "tok"))
-    make_vision_corpus(str(r), seed=2, n_wds=32, n_parquet=16, n_interleaved=12)
-    make_demo_corpus(str(r / "text"), seed=3, scale=0.01)
-    return str(r)
+    return write_vl_root(tmp_path_factory.mktemp("dmm"), seed=2, n_wds=32, n_parquet=16, n_interleaved=12)
 
 
 @pytest.fixture(scope="module")

@@ -59,13 +59,17 @@ def vl_config(root: str, **over) -> dict:
     return cfg
 
 
+def write_vl_root(r, seed: int, text_scale: float = 0.01, **sizes) -> str:
+    """A folder with the VL test tokenizer, an image-text corpus and a small text corpus."""
+    make_vl_tokenizer(str(r / "tok"))
+    make_vision_corpus(str(r), seed=seed, **sizes)
+    make_demo_corpus(str(r / "text"), seed=3, scale=text_scale)
+    return str(r)
+
+
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    r = tmp_path_factory.mktemp("vl")
-    make_vl_tokenizer(str(r / "tok"))
-    make_vision_corpus(str(r), seed=0)
-    make_demo_corpus(str(r / "text"), seed=3, scale=0.02)
-    return str(r)
+    return write_vl_root(tmp_path_factory.mktemp("vl"), seed=0, text_scale=0.02)
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,9 @@ import torch
 
 pytest.importorskip("torchtitan")
 
-from test_vision import make_vl_tokenizer, vl_config  # noqa: E402
+from test_vision import vl_config, write_vl_root  # noqa: E402
 from zephon import Recipe  # noqa: E402
 from zephon.nodes.vision import mrope_positions, patchify, smart_resize  # noqa: E402
-from zephon.synth import make_demo_corpus, make_vision_corpus  # noqa: E402
 
 
 def _stub(name: str, **attrs) -> None:
@@ -84,11 +83,7 @@ def _stub_fla() -> None:
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    r = tmp_path_factory.mktemp("vlt")
-    make_vl_tokenizer(str(r / "tok"))
-    make_vision_corpus(str(r), seed=1, n_wds=32, n_parquet=16, n_interleaved=12)
-    make_demo_corpus(str(r / "text"), seed=3, scale=0.01)
-    return str(r)
+    return write_vl_root(tmp_path_factory.mktemp("vlt"), seed=1, n_wds=32, n_parquet=16, n_interleaved=12)
 
 
 @pytest.fixture(scope="module")

@@ -560,6 +560,15 @@ class DatasetIndex:
         except OSError as e:
             raise self._io_error(s, e, doing) from None
 
+    def _check_unchanged_before_read(self, s: int) -> None:
+        """Local shards: refuse to read a file that changed since it was indexed."""
+        sp = self._specs[s]
+        if sp.local:
+            try:
+                self._check_local_unchanged(s, os.stat(sp.fspath))
+            except OSError as e:
+                raise self._io_error(s, e, "reading") from None
+
     def _check_local_unchanged(self, s: int, st: os.stat_result) -> None:
         m = self.shards[s]
         if st.st_size != m.size_bytes or str(st.st_mtime_ns) != m.version:
@@ -809,12 +818,7 @@ class DatasetIndex:
     # -- reading --------------------------------------------------------------------------------
     def _blob(self, s: int) -> bytes:
         def load() -> bytes:
-            sp = self._specs[s]
-            if sp.local:
-                try:
-                    self._check_local_unchanged(s, os.stat(sp.fspath))
-                except OSError as e:
-                    raise self._io_error(s, e, "reading") from None
+            self._check_unchanged_before_read(s)
             data = b"".join(self._stream(s, "reading"))
             return data
 
@@ -921,12 +925,7 @@ class DatasetIndex:
     def _load_row_group(self, s: int, rg: int):
         import pyarrow as pa
 
-        sp = self._specs[s]
-        if sp.local:
-            try:
-                self._check_local_unchanged(s, os.stat(sp.fspath))
-            except OSError as e:
-                raise self._io_error(s, e, "reading") from None
+        self._check_unchanged_before_read(s)
 
         def meta():
             with self._parquet_file(s) as pf:
@@ -945,12 +944,7 @@ class DatasetIndex:
         import pyarrow as pa
 
         def load():
-            sp = self._specs[s]
-            if sp.local:
-                try:
-                    self._check_local_unchanged(s, os.stat(sp.fspath))
-                except OSError as e:
-                    raise self._io_error(s, e, "reading") from None
+            self._check_unchanged_before_read(s)
             r = self._arrow_reader(s)
             try:
                 t = r.read_all()
