@@ -67,6 +67,7 @@ class Pack(Accumulator):
         return 1.0 - self.pad_tokens / total if total else 1.0
 
     def extra_metrics(self) -> Dict[str, Any]:
+        """Rows emitted, padding share and documents packed, for the pipeline metrics."""
         return {"rows": self.rows_out, "efficiency": round(self.efficiency, 6), "pad_tokens": self.pad_tokens,
                 "row_tokens": self.rows_out * self.row_len}
 

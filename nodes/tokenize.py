@@ -35,6 +35,7 @@ class TokDoc(NamedTuple):
 
     @property
     def provenance(self) -> str:
+        """Where this record comes from, in words (dataset, shard, record, epoch, part)."""
         return self.item.provenance
 
 

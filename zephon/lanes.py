@@ -212,6 +212,7 @@ class Router(ZNode[Any]):
 
     @property
     def lane_nodes(self) -> List[BaseNode]:
+        """The final node of each lane this rank owns, in lane order (for metrics and display)."""
         if self._lanes is None:
             self._lanes = [
                 self.build_lane(
@@ -427,13 +428,16 @@ class GlobalLoader:
         return collate([next(r) for r in self.routers])
 
     def state_dict(self) -> Dict[str, Any]:
+        """Lane-keyed JSON state of every rank, merged: load it into a loader of any world size."""
         return merge_states(r.state_dict() for r in self.routers)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore every rank from a merged (or per-rank) lane-keyed state; replays each lane."""
         for r in self.routers:
             r.reset(state)
 
     def close(self) -> None:
+        """Stop every rank's prefetch thread and worker pools (idempotent)."""
         for r in self.routers:
             r.close()
 

@@ -240,6 +240,7 @@ class OrderedMapper(ZNode[Any]):
         return f"{self.name} ({lane}{self.workers.count} {self.workers.backend} workers)"
 
     def extra_metrics(self) -> Dict[str, Any]:
+        """Chunks pending, the in-flight bound, and how long the consumer waited for workers."""
         return {"pending_tasks": len(self._tasks), "max_in_flight": self.max_in_flight,
                 "wait_workers_s": round(self._wait, 6), "workers": f"{self.workers.count} {self.workers.backend}"}
 

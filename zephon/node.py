@@ -90,6 +90,7 @@ class ZNode(BaseNode[T]):
         return out
 
     def extra_metrics(self) -> Dict[str, Any]:
+        """Node-specific counters added to :meth:`metrics` (override; JSON-able values)."""
         return {}
 
     def pipeline_metrics(self) -> List[Dict[str, Any]]:

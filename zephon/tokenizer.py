@@ -293,6 +293,7 @@ class TextTokenizer:
         return self._tokenizer().decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
+        """Id of ``token`` in the vocabulary, or None."""
         return self._tokenizer().token_to_id(token)
 
     def __repr__(self) -> str:

@@ -48,6 +48,7 @@ class WorkItem(NamedTuple):
 
     @property
     def provenance(self) -> str:
+        """Where this record comes from, in words (dataset, shard, record, epoch, part)."""
         part = f", part {self.part + 1}/{self.parts}" if self.parts > 1 else ""
         return f"dataset #{self.dataset}, shard #{self.shard}, record {self.record} (epoch {self.epoch}{part})"
 
@@ -112,6 +113,7 @@ class WeightSchedule:
                 raise ValueError(f"weights at step {s} must be finite, >= 0 and not all 0, got {w}")
 
     def phase_at(self, step: float) -> int:
+        """Index of the weight phase in force at (estimated) ``step``."""
         i = 0
         for j, (s, _) in enumerate(self.phases):
             if step >= s:
@@ -119,6 +121,7 @@ class WeightSchedule:
         return i
 
     def weights(self, phase: int) -> List[float]:
+        """Normalised dataset weights of ``phase``."""
         w = self.phases[phase][1]
         total = float(sum(w))
         return [x / total for x in w]
@@ -181,9 +184,11 @@ class WorkPlan:
         self.tokens_per_step = float(tokens_per_step)  # estimated tokens one lane consumes per step
 
     def lane(self, lane: int) -> "LaneWorkSource":
+        """The work source node of ``lane`` (a fresh node at the start of the plan)."""
         return LaneWorkSource(self, lane)
 
     def expected_shares(self, phase: int = 0) -> Dict[str, float]:
+        """Token share per dataset name the mixing converges to in ``phase``."""
         return dict(zip((d.name for d in self.datasets), self.schedule.weights(phase)))
 
 
@@ -263,6 +268,7 @@ class LaneWorkSource(ZNode[WorkItem]):
         return nbytes * ds.tokens_per_byte + ncount * ds.tokens_per_record
 
     def estimated_tokens(self) -> float:
+        """Estimated tokens this lane has drawn so far (how a lane knows its step for schedules)."""
         return sum(self._est_tokens(d, self.bytes[d], self.count[d]) for d in range(len(self.plan.datasets)))
 
     def _maybe_advance_phase(self) -> None:

@@ -74,6 +74,7 @@ class BadRecord:
     reason: str
 
     def to_error(self) -> DataError:
+        """The :class:`DataError` raised for this record when the policy is "raise"."""
         return DataError(
             self.reason,
             dataset=self.dataset,
