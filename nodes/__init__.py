@@ -3,6 +3,15 @@
 Every operator is a :class:`zephon.ZNode`: the torchdata ``BaseNode`` contract plus ``close()``,
 a tagged JSON state with the same keys at every step, and flush-and-replay checkpointing.
 Operators use only zephon's public API, so a user's own operator is a first-class citizen.
+
+Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
+
+    >>> import numpy as np
+    >>> from zephon.testing import ListSource
+    >>> docs = [TokDoc(np.arange(1, n + 1, dtype=np.int32), 0, None) for n in (5, 3, 6)]
+    >>> batch = next(Batch(Pack(ListSource(docs), seq_len=4), batch_size=2))
+    >>> batch["input"].tolist(), batch["document_ids"].tolist()
+    ([[1, 2, 3, 4], [1, 2, 3, 1]], [[0, 0, 0, 0], [0, 0, 0, 1]])
 """
 
 from .batch import Batch

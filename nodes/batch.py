@@ -13,7 +13,12 @@ __all__ = ["Batch", "stack_rows"]
 
 
 def stack_rows(rows: Sequence[Any]) -> Any:
-    """Dicts of equal-shape arrays -> dict of stacked arrays; other values -> lists."""
+    """Dicts of equal-shape arrays -> dict of stacked arrays; other values -> lists.
+
+    >>> b = stack_rows([{"input": np.arange(3), "provenance": (0, 1)}, {"input": np.arange(3), "provenance": (2,)}])
+    >>> b["input"].shape, b["provenance"]
+    ((2, 3), [(0, 1), (2,)])
+    """
     first = rows[0]
     if isinstance(first, dict):
         return {k: stack_rows([r[k] for r in rows]) for k in first}
@@ -28,6 +33,10 @@ class Batch(Accumulator):
     """Group ``batch_size`` rows into one micro-batch (a full batch is a flush point).
 
     ``drop_last`` drops a final partial batch so every step has the same shape.
+
+    >>> from zephon.testing import RangeSource
+    >>> [b.tolist() for b in Batch(RangeSource(7), batch_size=3)]
+    [[0, 1, 2], [3, 4, 5]]
     """
 
     node_type = "batch"

@@ -18,9 +18,17 @@ A micro-batch (numpy)::
     pixel_values                float32 [patches, patch_dim]: the images' patches, in token order
     grid_thw                    int64 [images, 3]
     images_per_row              int64 [rows]
+    provenance                  list (per row) of tuples (per sample, in row order) of
+                                (dataset, shard, record, epoch, tok_start, tok_end)
 
-Concatenating micro-batches along axis 0 (lane order) keeps every field consistent, so the
-router's merge of lanes needs no special case.
+``provenance`` has the text packer's format: ``tok_start:tok_end`` is the sample's token range
+within its whole token sequence (BOS, text, vision blocks, EOS), so the cited record, re-read
+and laid out again, gives back the row's tokens; :func:`zephon.display.provenance` resolves it
+to files, tar members / Parquet rows, byte ranges and image indices. It holds plain Python ints
+(JSON-able) and is data like any other field (hashed by :func:`zephon.batch_sha256`).
+
+Concatenating micro-batches along axis 0 (lane order) keeps every field consistent (the
+``provenance`` lists concatenate), so the router's merge of lanes needs no special case.
 """
 
 from __future__ import annotations
@@ -38,7 +46,22 @@ IGNORE_INDEX = -100
 
 
 class MMPack(Accumulator):
-    """Pack samples into micro-batches of ``rows`` rows under token and image budgets."""
+    """Pack samples into micro-batches of ``rows`` rows under token and image budgets.
+
+    Why whole micro-batches rather than rows: the image budget (``max_images_per_batch``) is
+    per micro-batch, so the packer must see all rows of one at once. Samples are never split
+    (the row stays a valid attention context for its images); text documents are.
+
+    >>> import numpy as np
+    >>> from zephon.nodes import MMDoc
+    >>> from zephon.testing import ListSource
+    >>> docs = [MMDoc(np.arange(1, 6, dtype=np.int32), 0, None), MMDoc(np.arange(1, 4, dtype=np.int32), 1, None)]
+    >>> b = next(MMPack(ListSource(docs), seq_len=8, rows=1, patch_dim=12, max_images_per_batch=2, mrope=False))
+    >>> b["input"].tolist(), b["labels"].tolist()
+    ([[1, 2, 3, 4, 5, 1, 2, 3]], [[2, 3, 4, 5, 1, 2, 3, -100]])
+    >>> b["provenance"]   # (dataset, shard, record, epoch, tok_start, tok_end) per sample
+    [((0, -1, -1, -1, 0, 5), (1, -1, -1, -1, 0, 3))]
+    """
 
     node_type = "mm_pack"
 
@@ -71,6 +94,7 @@ class MMPack(Accumulator):
 
     @property
     def efficiency(self) -> float:
+        """Share of non-padding tokens in the micro-batches emitted so far."""
         total = self.batches_out * self.rows * self.row_len
         return 1.0 - self.pad_tokens / total if total else 1.0
 
@@ -143,8 +167,10 @@ class MMPack(Accumulator):
         grids: List[np.ndarray] = []
         per_row = np.zeros(B, dtype=np.int64)
         labels = np.full((B, L - 1), IGNORE_INDEX, dtype=np.int64)
+        prov: List[Tuple[Tuple[int, ...], ...]] = []
         for r in range(B):
             pos = 0
+            prov.append(tuple(_provenance(doc, lo, hi) for doc, lo, hi in self._segs[r]))
             for j, (doc, lo, hi) in enumerate(self._segs[r]):
                 k = hi - lo
                 tokens[r, pos:pos + k] = doc.tokens[lo:hi]
@@ -180,7 +206,17 @@ class MMPack(Accumulator):
             "pixel_values": np.concatenate(pixels) if pixels else np.zeros((0, self.patch_dim), np.float32),
             "grid_thw": np.concatenate(grids) if grids else np.zeros((0, 3), np.int64),
             "images_per_row": per_row,
+            "provenance": prov,
         }
         if mrope is not None:
             out["mrope_positions"] = mrope[:, :-1]
         self.emit(out)
+
+
+def _provenance(doc: Any, lo: int, hi: int) -> Tuple[int, ...]:
+    """(dataset, shard, record, epoch, tok_start, tok_end) of tokens ``lo:hi`` of ``doc``."""
+    item = getattr(doc, "item", None)
+    off = int(getattr(doc, "offset", 0) or 0)
+    if item is None:
+        return (int(doc.dataset), -1, -1, -1, off + int(lo), off + int(hi))
+    return (int(item.dataset), int(item.shard), int(item.record), int(item.epoch), off + int(lo), off + int(hi))

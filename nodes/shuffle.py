@@ -19,6 +19,13 @@ class WindowShuffle(Accumulator):
     counter=w), so replaying a window reproduces it exactly. Every item is emitted exactly once
     (unlike a reservoir buffer, nothing leaks across a checkpoint); a restore replays at most
     one window.
+
+    >>> from zephon.testing import RangeSource
+    >>> out = list(WindowShuffle(RangeSource(8), buffer=4, seed=0, lane=0))
+    >>> sorted(out[:4]), sorted(out[4:])   # each window of 4 is a permutation of its items
+    ([0, 1, 2, 3], [4, 5, 6, 7])
+    >>> out == list(WindowShuffle(RangeSource(8), buffer=4, seed=0, lane=0))   # seeded
+    True
     """
 
     node_type = "shuffle"

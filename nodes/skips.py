@@ -32,6 +32,16 @@ class SkipCounter(ZNode[Any]):
     over the lanes (rounded up), ``max_fraction[d]`` applies once a lane has seen
     ``min_seen`` documents of the dataset. The state is this node's counters plus its
     upstream's state at the same point: restore needs no replay.
+
+    >>> import numpy as np
+    >>> from zephon.nodes import TokDoc
+    >>> from zephon.testing import ListSource
+    >>> from zephon.worksource import WorkItem
+    >>> docs = [TokDoc(np.arange(3), 0, WorkItem(0, 0, 0, 0, 0)),
+    ...         TokDoc(np.zeros(0), 0, WorkItem(0, 0, 1, 0, 1), skipped="unreadable caption (bad UTF-8)")]
+    >>> node = SkipCounter(ListSource(docs), dataset_names=["web"])
+    >>> len(list(node)), node.counts()["skipped"], node.counts()["by_file"][0]["reason"]
+    (1, {'web': 1}, 'unreadable caption')
     """
 
     node_type = "skip_counter"
@@ -122,4 +132,5 @@ class SkipCounter(ZNode[Any]):
         return {"seen": dict(zip(self.names, self.seen)), "skipped": dict(zip(self.names, self.skipped)), "by_file": by}
 
     def extra_metrics(self) -> Dict[str, Any]:
+        """:meth:`counts`, reported with the node's metrics."""
         return self.counts()

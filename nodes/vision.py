@@ -54,7 +54,14 @@ class ImageError(ValueError):
 
 @dataclass(frozen=True)
 class VisionConfig:
-    """Image settings (the recipe's ``[vision]`` section)."""
+    """Image settings (the recipe's ``[vision]`` section).
+
+    Part of the data definition: they decide every image's size, pixels and token count.
+
+    >>> v = VisionConfig(min_pixels=1024, max_pixels=4096)
+    >>> v.factor, v.patch_dim, v.target_size(100, 50), v.image_tokens(100, 50)
+    (32, 1536, (64, 32), 2)
+    """
 
     patch_size: int = 16
     temporal_patch_size: int = 2
@@ -70,10 +77,12 @@ class VisionConfig:
 
     @property
     def factor(self) -> int:
+        """Side of one merged placeholder token in pixels: image sides are multiples of it."""
         return self.patch_size * self.merge_size
 
     @property
     def patch_dim(self) -> int:
+        """Length of one patch vector in ``pixel_values``: ``3 * temporal_patch_size * patch_size**2``."""
         return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
 
     def target_size(self, width: int, height: int) -> Tuple[int, int]:
@@ -96,7 +105,13 @@ def smart_resize(height: int, width: int, patch_size: int, merge_size: int, min_
                  max_pixels: int) -> Tuple[int, int]:
     """Qwen-VL pixel budget: (h, w) multiples of ``patch_size * merge_size`` with
     ``min_pixels <= h * w <= max_pixels``, aspect kept; the same arithmetic as TorchTitan's
-    ``resize_to_pixel_budget``."""
+    ``resize_to_pixel_budget``.
+
+    >>> smart_resize(480, 640, 16, 2, 65536, 16777216)
+    (480, 640)
+    >>> smart_resize(480, 640, 16, 2, 1024, 4096)   # over the budget: scaled down
+    (32, 64)
+    """
     factor = patch_size * merge_size
     if height <= 0 or width <= 0:
         raise ImageError(f"the image has zero pixels ({width}x{height})")
@@ -122,7 +137,18 @@ def decode_image(data: bytes, max_image_pixels: int = 64_000_000):
     """Encoded bytes -> an RGB ``PIL.Image`` with EXIF orientation applied.
 
     The size is checked from the header before any pixel is decoded: zero pixels or more than
-    ``max_image_pixels`` raise :class:`ImageError` (so does anything Pillow cannot decode)."""
+    ``max_image_pixels`` raise :class:`ImageError` (so does anything Pillow cannot decode).
+
+    >>> import io
+    >>> from PIL import Image
+    >>> buf = io.BytesIO(); Image.new("L", (40, 30), 128).save(buf, "PNG")
+    >>> im = decode_image(buf.getvalue()); im.mode, im.size
+    ('RGB', (40, 30))
+    >>> decode_image(buf.getvalue(), max_image_pixels=1000)
+    Traceback (most recent call last):
+    ...
+    zephon.nodes.vision.ImageError: the image is above max_image_pixels (40x30 = 1200 pixels > 1000; a decompression bomb or an absurd size)
+    """
     from PIL import Image, ImageOps
 
     if not data:
@@ -154,7 +180,15 @@ def decode_image(data: bytes, max_image_pixels: int = 64_000_000):
 
 
 def preprocess_image(data: bytes, cfg: VisionConfig) -> np.ndarray:
-    """Decode, resize to the pixel budget (bicubic), normalise: float32 ``(H, W, 3)``."""
+    """Decode, resize to the pixel budget (bicubic), normalise: float32 ``(H, W, 3)``.
+
+    >>> import io
+    >>> from PIL import Image
+    >>> buf = io.BytesIO(); Image.new("RGB", (100, 50), (255, 0, 0)).save(buf, "PNG")
+    >>> x = preprocess_image(buf.getvalue(), VisionConfig(min_pixels=1024, max_pixels=4096))
+    >>> x.shape, x.dtype, x[0, 0].tolist()   # (0.5, 0.5, 0.5) mean and std: [-1, 1]
+    ((32, 64, 3), dtype('float32'), [1.0, -1.0, -1.0])
+    """
     from PIL import Image
 
     im = decode_image(data, cfg.max_image_pixels)
@@ -172,7 +206,12 @@ def patchify(img: np.ndarray, patch_size: int, temporal_patch_size: int, merge_s
     """``(H, W, C)`` -> (patches ``(N, C * pt * ps * ps)`` float32 in block order, grid_thw ``[1, H/ps, W/ps]``).
 
     The same layout as TorchTitan's ``vision_to_patches(img[None], ..., patch_order="block")``
-    (an image is repeated to ``temporal_patch_size`` frames)."""
+    (an image is repeated to ``temporal_patch_size`` frames).
+
+    >>> patches, grid = patchify(np.zeros((32, 64, 3), np.float32), 16, 2, 2)
+    >>> patches.shape, grid.tolist()
+    ((8, 1536), [1, 2, 4])
+    """
     H, W, C = img.shape
     ps, ts, m = patch_size, temporal_patch_size, merge_size
     if H % (ps * m) or W % (ps * m):
@@ -189,7 +228,12 @@ def mrope_positions(tokens: np.ndarray, image_id: int, grids: np.ndarray, merge_
     """3D (t, h, w) rotary positions ``(n, 3)`` of one document, as TorchTitan's collator builds
     them: text tokens count up on all three axes; an image's placeholder run gets its merged
     grid coordinates offset by the position where it starts; the text after it resumes at the
-    largest position so far + 1."""
+    largest position so far + 1.
+
+    >>> tokens = np.array([7, 9, 9, 8])           # text, a 1 x 2 merged image (2 tokens), text
+    >>> mrope_positions(tokens, 9, np.array([[1, 2, 4]]), 2).tolist()
+    [[0, 0, 0], [1, 1, 1], [1, 1, 2], [3, 3, 3]]
+    """
     n = len(tokens)
     out = np.empty((n, 3), dtype=np.int64)
     is_img = tokens == image_id
@@ -217,7 +261,18 @@ def mrope_positions(tokens: np.ndarray, image_id: int, grids: np.ndarray, merge_
 
 class MMDoc(NamedTuple):
     """One sample for :class:`zephon.nodes.MMPack`: tokens with placeholder runs, the
-    concatenated patches of its images, their grids, optional MRoPE positions."""
+    concatenated patches of its images, their grids, optional MRoPE positions.
+
+    A text document of a mixed recipe is an ``MMDoc`` without images; ``offset`` is where its
+    ``tokens`` start in the whole document (a long document planned as several parts), so the
+    packer can cite token ranges of the document (provenance).
+
+    >>> import numpy as np
+    >>> from zephon.worksource import WorkItem
+    >>> doc = MMDoc(np.arange(5, dtype=np.int32), 0, WorkItem(0, 1, 7, 0, 0))
+    >>> doc.num_images, doc.provenance
+    (0, 'dataset #0, shard #1, record 7 (epoch 0)')
+    """
 
     tokens: np.ndarray  # int32 (n,)
     dataset: int
@@ -226,13 +281,16 @@ class MMDoc(NamedTuple):
     grid_thw: Optional[np.ndarray] = None  # int64 (images, 3)
     mrope: Optional[np.ndarray] = None  # int64 (n, 3)
     skipped: Optional[str] = None
+    offset: int = 0  # index of tokens[0] in the whole document's tokens (parts of long text documents)
 
     @property
     def num_images(self) -> int:
+        """How many images the sample has (0 for text)."""
         return 0 if self.grid_thw is None else int(len(self.grid_thw))
 
     @property
     def provenance(self) -> str:
+        """A short human-readable origin (dataset, shard, record, epoch) for error messages."""
         return self.item.provenance
 
 
@@ -277,7 +335,7 @@ class FetchVision(ProcessLocal):
         text_idx = [i for i, it in enumerate(items) if self.kinds[it.dataset] == "text"]
         if text_idx:
             for i, doc in zip(text_idx, self.text([items[i] for i in text_idx])):
-                out[i] = MMDoc(doc.tokens, doc.dataset, doc.item, skipped=doc.skipped)
+                out[i] = MMDoc(doc.tokens, doc.dataset, doc.item, skipped=doc.skipped, offset=doc.offset)
         mm_idx = [i for i, it in enumerate(items) if self.kinds[it.dataset] != "text"]
         if not mm_idx:
             return out  # type: ignore[return-value]

@@ -24,7 +24,8 @@
 #
 # 1. generates a small corpus: image-caption pairs (WebDataset `.tar` and Parquet), OBELICS-style
 #    interleaved documents (several images per document) and plain text, mixed in one recipe;
-# 2. shows a batch — thumbnails beside their placeholder tokens — and its fields and shapes;
+# 2. shows a batch — thumbnails beside their placeholder tokens — and its fields and shapes, and
+#    traces a sample back to the bytes of its caption and image;
 # 3. checks the hashes across world sizes, thread and process workers and a resume;
 # 4. hands a batch to TorchTitan in its multimodal format;
 # 5. shows what happens with a corrupt image (the dataset's error policy).
@@ -162,7 +163,10 @@ with recipe.global_loader(world_size=2, workers=WorkerConfig(2, "thread")) as g:
     batches = [next(g) for _ in range(3)]
 batch = batches[0]
 for name, value in batch.items():
-    print(f"{name:16s} {str(value.dtype):8s} {value.shape}")
+    if isinstance(value, np.ndarray):
+        print(f"{name:16s} {str(value.dtype):8s} {value.shape}")
+    else:
+        print(f"{name:16s} {type(value).__name__} of {len(value)} rows")
 print("images per row:", batch["images_per_row"].tolist(), "| grid_thw of the first 3:", batch["grid_thw"][:3].tolist())
 
 # %% [markdown]
@@ -173,6 +177,7 @@ print("images per row:", batch["images_per_row"].tolist(), "| grid_thw of the fi
 # | `pixel_values` | `[total_patches, 3 * 2 * 16 * 16]` float32, normalised, TorchTitan's "block" patch order |
 # | `grid_thw` | `[images, 3]`: `(1, H / 16, W / 16)` per image, in token order |
 # | `images_per_row` | how many of those images belong to each row |
+# | `provenance` | per row, per sample: `(dataset, shard, record, epoch, tok_start, tok_end)`, as for text |
 #
 # ## Seeing it
 #
@@ -217,6 +222,37 @@ ok = all(
                    batch["pixel_values"][starts[n]:starts[n + 1]])
     for n in range(len(sizes)))
 print("un-patchify -> patchify round trip exact for all", len(sizes), "images:", ok)
+
+# %% [markdown]
+# ## Where a sample came from
+#
+# `view.provenance(row)` traces every sample of a row back to its source: dataset, file, the tar
+# key (or Parquet row), and for each caption and image the tar member and its byte range in the
+# `.tar` file (or the Parquet column, row and list entry), the tokens they became in the row and,
+# for images, their index in `grid_thw`. Re-reading the cited bytes gives back the batch: the
+# caption re-tokenizes to the row's tokens, the image preprocesses to the batch's pixels.
+
+# %%
+import hashlib
+
+from zephon.nodes.vision import preprocess_image
+
+row = next(r for r in range(len(batch["input"])) for s in view.provenance(r) if s["file"].endswith(".tar"))
+sample = next(s for s in view.provenance(row) if s["file"].endswith(".tar"))
+print(f"row {row}: {sample['dataset']} · {sample['file'].replace(root, '<root>')} · {sample['locator']} · "
+      f"tokens {sample['tokens']} at row positions {sample['row_positions']}")
+for part in sorted(sample["texts"] + sample["images"], key=lambda x: x["segment"]):
+    kind = f"image {part['index']}" if "sha256" in part else "caption"
+    print(f"  {kind:8s} member {part['member']:16s} bytes {part['file_bytes']} -> row positions {part['row_positions']}")
+
+image = sample["images"][0]
+with open(sample["file"], "rb") as f:  # the cited bytes, read from the tar file itself
+    f.seek(image["file_bytes"][0])
+    data = f.read(image["file_bytes"][1] - image["file_bytes"][0])
+n = image["index"]
+again, _ = patchify(preprocess_image(data, v), v.patch_size, v.temporal_patch_size, v.merge_size)
+print("image bytes match:", hashlib.sha256(data).hexdigest() == image["sha256"],
+      "| pixels match the batch:", np.array_equal(again, batch["pixel_values"][starts[n]:starts[n + 1]]))
 
 # %% [markdown]
 # ## The same bytes on any world size, with any workers

@@ -2,6 +2,22 @@
 
 Global batch t is the same bytes on 1, 2, 4, ... 64 data-parallel ranks, with any number of
 loader workers, and after a resume on another number of ranks. See README.md.
+
+A synthetic pipeline of 8 lanes, checkpointed on 4 ranks and resumed on 2:
+
+    >>> import functools
+    >>> from zephon.testing import toy_lane
+    >>> lane = functools.partial(toy_lane, n=None)
+    >>> with GlobalLoader(lane, lanes=8, world_size=1, seed=1234) as g:
+    ...     reference = [batch_sha256(next(g)) for _ in range(4)]
+    >>> with GlobalLoader(lane, lanes=8, world_size=4, seed=1234, workers=WorkerConfig(2, "thread")) as g:
+    ...     first = [batch_sha256(next(g)) for _ in range(2)]
+    ...     state = g.state_dict()                  # lane-keyed JSON
+    >>> with GlobalLoader(lane, lanes=8, world_size=2, seed=1234) as g:
+    ...     g.load_state_dict(state)
+    ...     rest = [batch_sha256(next(g)) for _ in range(2)]
+    >>> first + rest == reference
+    True
 """
 
 from .accumulator import Accumulator

@@ -31,7 +31,33 @@ __all__ = ["Accumulator"]
 
 
 class Accumulator(ZNode[Any]):
-    """Base class for stateful per-lane operators (pack, shuffle, batch...)."""
+    """Base class for stateful per-lane operators (pack, shuffle, batch...).
+
+    Why: an operator that buffers items (a packer, a shuffle window) would otherwise have to
+    checkpoint its buffer; an accumulator checkpoints only where its buffer was last empty and
+    replays from there, so its state stays a few integers whatever it holds.
+
+    A pairing operator, and the check that it resumes from every step:
+
+    >>> from zephon.testing import RangeSource, check_node
+    >>> class Pairs(Accumulator):
+    ...     node_type = "pairs"
+    ...     def clear(self): self._held = []
+    ...     def buffer_empty(self): return not self._held
+    ...     def accept(self, x):
+    ...         self._held.append(x)
+    ...         if len(self._held) == 2:
+    ...             self.flush()
+    ...     def flush(self):
+    ...         if self._held:
+    ...             self.emit(tuple(self._held))
+    ...         self._held = []
+    >>> node = Pairs(RangeSource(5))
+    >>> list(node)
+    [(0, 1), (2, 3), (4,)]
+    >>> check_node(lambda: Pairs(RangeSource(5))).steps
+    3
+    """
 
     node_type = "accumulator"
 
@@ -78,6 +104,7 @@ class Accumulator(ZNode[Any]):
 
     # -- machinery --------------------------------------------------------------------------
     def emit(self, item: Any) -> None:
+        """Queue one output (call from :meth:`accept` or :meth:`flush`); delivered in order."""
         self._out.append(item)
 
     def upstreams(self) -> List[BaseNode]:

@@ -35,6 +35,11 @@ def lane_key(lane: int) -> str:
 
 
 def is_lane_key(key: str) -> bool:
+    """Whether a checkpoint key is a lane's entry (as opposed to a shared one).
+
+    >>> is_lane_key("lane_00007"), is_lane_key("zephon")
+    (True, False)
+    """
     return key.startswith("lane_") and key[5:].isdigit()
 
 
@@ -43,7 +48,18 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_json(data: bytes | str, what: str, max_bytes: int = MAX_ENTRY_BYTES) -> Any:
-    """Parse one JSON document with a size bound; a clear StateError on anything else."""
+    """Parse one JSON document with a size bound; a clear StateError on anything else.
+
+    Why: checkpoint bytes come from storage that may be corrupt or hostile; this never builds
+    anything but JSON values and refuses oversized input before parsing.
+
+    >>> parse_json(b'{"cursor": 3}', "lane_00000")
+    {'cursor': 3}
+    >>> parse_json(b'{"cursor": NaN}', "lane_00000")
+    Traceback (most recent call last):
+    ...
+    zephon.node.StateError: lane_00000: corrupt or truncated JSON (non-finite number NaN is not allowed in a zephon state); restore from an earlier checkpoint
+    """
     if isinstance(data, (bytes, bytearray, memoryview)):
         raw = bytes(data)
         if len(raw) > max_bytes:
@@ -65,7 +81,13 @@ def parse_json(data: bytes | str, what: str, max_bytes: int = MAX_ENTRY_BYTES) -
 
 
 def merge_states(states: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
-    """Merge rank states: lane entries are unioned, shared entries must agree."""
+    """Merge rank states: lane entries are unioned, shared entries must agree.
+
+    >>> rank0 = {"format_version": 2, "lane_00000": {"c": 1}, "lane_00001": {"c": 4}}
+    >>> rank1 = {"format_version": 2, "lane_00002": {"c": 2}, "lane_00003": {"c": 0}}
+    >>> sorted(merge_states([rank0, rank1]))
+    ['format_version', 'lane_00000', 'lane_00001', 'lane_00002', 'lane_00003']
+    """
     merged: Dict[str, Any] = {}
     for rank, st in enumerate(states):
         for k, v in st.items():
@@ -78,7 +100,14 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
 
 
 def encode_state(state: Mapping[str, Any]) -> Dict[str, bytes]:
-    """Router state -> ``{"zephon": meta JSON bytes, "lane_00007": lane JSON bytes, ...}`` for DCP."""
+    """Router state -> ``{"zephon": meta JSON bytes, "lane_00007": lane JSON bytes, ...}`` for DCP.
+
+    >>> enc = encode_state({"format_version": FORMAT_VERSION, "lane_00007": {"cursor": 3}})
+    >>> enc["lane_00007"]
+    b'{"cursor":3}'
+    >>> decode_state(enc)["lane_00007"]
+    {'cursor': 3}
+    """
     meta = {k: v for k, v in state.items() if not is_lane_key(k)}
     out = {SHARED_KEY: json.dumps(meta, sort_keys=True, allow_nan=False).encode("utf-8")}
     for k, v in state.items():
@@ -123,7 +152,11 @@ def register_lane_migration(from_version: int, fn: Callable[[Dict[str, Any]], Di
 
 
 def migrate(state: Dict[str, Any]) -> Dict[str, Any]:
-    """Bring a state written by an older format version to the current one, explicitly."""
+    """Bring a state written by an older format version to the current one, explicitly.
+
+    >>> migrate({"format_version": 1, "lane_00000": {}})["format_version"] == FORMAT_VERSION
+    True
+    """
     version = state.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise StateError(f"checkpoint has no valid format_version ({version!r}); it is corrupt or not a zephon checkpoint")
@@ -148,7 +181,14 @@ def migrate(state: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def save_state(path: str | os.PathLike, state: Mapping[str, Any]) -> None:
-    """Write a (merged) state as one JSON file, atomically."""
+    """Write a (merged) state as one JSON file, atomically.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "state.json")
+    >>> save_state(path, {"format_version": FORMAT_VERSION, "lane_00000": {"cursor": 1}})
+    >>> load_state(path)["lane_00000"]
+    {'cursor': 1}
+    """
     tmp = f"{os.fspath(path)}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(state, f, sort_keys=True, indent=1, allow_nan=False)

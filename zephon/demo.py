@@ -56,6 +56,12 @@ backend = "thread"
 
 
 def demo_root(root: Optional[str] = None) -> str:
+    """Where the demo data lives: ``root`` if given, else ``$ZEPHON_CACHE_DIR/demo`` (default
+    ``~/.cache/zephon/demo``).
+
+    >>> demo_root("/tmp/my-demo")
+    '/tmp/my-demo'
+    """
     if root:
         return root
     base = os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "zephon")
@@ -78,5 +84,11 @@ def write_demo_recipe(root: Optional[str] = None, scale: float = 1.0) -> str:
 
 
 def demo_recipe(root: Optional[str] = None, scale: float = 1.0) -> Recipe:
-    """The demo recipe, ready to use (data generated on first call)."""
+    """The demo recipe, ready to use (data generated on first call).
+
+    >>> import tempfile
+    >>> recipe = demo_recipe(tempfile.mkdtemp(), scale=0.01)   # a small corpus: under a second
+    >>> [d.name for d in recipe.datasets], recipe.lanes, recipe.seq_len
+    (['web', 'code', 'books'], 16, 256)
+    """
     return Recipe.from_toml(write_demo_recipe(root, scale))

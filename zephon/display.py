@@ -3,8 +3,44 @@ thumbnails beside their placeholder tokens (multimodal batches), provenance back
 record, and the plan of a pipeline. Plain-text ``repr`` everywhere, HTML in Jupyter
 (``_repr_html_``).
 
-    >>> view = show(batch, recipe)          # doctest: +SKIP
-    >>> view.provenance(0)[0]["file"]       # doctest: +SKIP
+A small image-caption dataset (a WebDataset tar), one batch, a row, and one sample of it traced
+back to the bytes of its image in the tar file:
+
+    >>> import hashlib, os, tempfile
+    >>> from tokenizers import AddedToken, Tokenizer
+    >>> from zephon import Recipe
+    >>> from zephon.demo import TOKENIZER_DIR
+    >>> from zephon.synth import generate_image_text, write_wds
+    >>> root = tempfile.mkdtemp()
+    >>> tok = Tokenizer.from_file(os.path.join(TOKENIZER_DIR, "tokenizer.json"))  # + Qwen-VL's placeholders
+    >>> tok.add_special_tokens([AddedToken(t, special=True) for t in
+    ...                         ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")])
+    4
+    >>> tok.save(os.path.join(root, "tokenizer.json"))
+    >>> _ = write_wds(os.path.join(root, "pairs", "pairs-0000.tar"), generate_image_text(8, seed=0))
+    >>> recipe = Recipe.from_dict({
+    ...     "seed": 0, "lanes": 1, "seq_len": 64, "global_batch_size": 2, "cache_dir": "cache",
+    ...     "tokenizer": {"path": root}, "shuffle": {"buffer": 1},
+    ...     "datasets": [{"name": "pairs", "kind": "image_text", "path": "pairs/*.tar"}],
+    ...     "vision": {"min_pixels": 1024, "max_pixels": 4096}}, base_dir=root)
+    >>> with recipe.global_loader(1) as g:
+    ...     batch = next(g)
+    >>> view = show(batch, recipe)
+    >>> print(repr(view).splitlines()[1][:96])
+    row 0 (100% tokens, 2 images): [pairs:39] <|bos|>[image 0: 32x64, 2 tokens]Being zoatou have suc
+    >>> batch["provenance"][0]   # (dataset, shard, record, epoch, tok_start, tok_end) per sample
+    ((0, 0, 4, 0, 0, 39), (0, 0, 0, 0, 0, 25))
+    >>> sample = view.provenance(0)[0]
+    >>> sample["locator"], sample["tokens"], sample["texts"][0]["member"]
+    ("key '00000004'", (0, 39), '00000004.txt')
+    >>> image = sample["images"][0]
+    >>> image["index"], image["member"], image["row_positions"]   # image 0 of the batch, its tokens
+    (0, '00000004.webp', (1, 5))
+    >>> with open(sample["file"], "rb") as f:          # the cited bytes, read from the tar itself
+    ...     _ = f.seek(image["file_bytes"][0])
+    ...     data = f.read(image["file_bytes"][1] - image["file_bytes"][0])
+    >>> hashlib.sha256(data).hexdigest() == image["sha256"]
+    True
 """
 
 from __future__ import annotations
@@ -32,52 +68,152 @@ def _segments(row: Dict[str, np.ndarray]) -> List[np.ndarray]:
 
 
 def provenance(recipe: Any, batch: Dict[str, Any], row: int) -> List[Dict[str, Any]]:
-    """Where every segment of ``batch`` row ``row`` came from.
+    """Where every segment (document, or image-text sample) of ``batch`` row ``row`` came from,
+    so that a surprising sample can be traced back to its source bytes.
 
-    One dict per segment, in row order: ``dataset``, ``file``, ``locator`` (line / row),
-    ``record``, ``epoch``, ``tokens`` (the range within the document's tokens, BOS/EOS
-    included), ``chars`` and ``bytes`` (the range of the record's text those tokens cover; the
-    bytes are UTF-8 offsets into the text field), ``file_bytes`` (the record's byte range in the
-    file, for line formats), ``row_positions`` and ``text``. Re-reading the record, tokenizing it
-    and taking ``tokens`` gives back the segment exactly.
+    One dict per segment, in row order. Every entry has ``dataset``, ``kind`` (the dataset's:
+    "text", "image_text" or "interleaved"), ``file``, ``locator``, ``shard``, ``record``,
+    ``epoch``, ``tokens`` (the range within the document's / sample's tokens, BOS/EOS
+    included), ``row_positions`` (where those tokens sit among the row's ``seq_len + 1``
+    tokens: the inputs, then the last label, so ``stop`` may be ``seq_len + 1``), ``text`` (the
+    text they cover) and ``images`` (empty for text).
+
+    Text documents also have ``chars`` and ``bytes`` (the range of the record's text those
+    tokens cover; the bytes are UTF-8 offsets into the text field), ``file_bytes`` (the
+    record's byte range in the file, for line formats), ``has_bos`` / ``has_eos``. Re-reading
+    the record, tokenizing it and taking ``tokens`` gives back the segment exactly.
+
+    Image-text samples (multimodal batches) have ``key`` (tar shards) or ``row`` (Parquet),
+    ``texts`` and ``images``: one dict per caption / text entry and per image of the sample, in
+    document order, each with ``segment`` (its place among the record's segments), its source
+    (``member`` and ``file_bytes``, the tar member and its byte range in the tar file; or
+    ``column``, ``row``, ``list_index`` and ``field`` in a Parquet file, see
+    :meth:`zephon.datasets.MultimodalIndex.sources`), ``tokens`` and ``row_positions``. A text
+    entry adds ``chars``, ``bytes`` (UTF-8 range of the caption the row's tokens cover) and
+    ``text``; an image entry adds ``index`` (its index in the batch's ``grid_thw`` and image
+    order), ``grid``, ``num_bytes``, ``sha256`` (of the encoded image bytes) and ``width`` /
+    ``height`` (the source image's, EXIF orientation applied). Re-reading a cited caption and
+    tokenizing it gives back the row's text tokens; re-reading a cited image and preprocessing it
+    (:func:`zephon.nodes.vision.preprocess_image`) gives back the batch's pixels.
+
+    The module docstring has a worked example (an image-caption tar shard); ``tests/
+    test_display.py`` and ``tests/test_display_mm.py`` re-read every cited range of text,
+    WebDataset, Parquet and interleaved sources and get the batch back.
     """
     if "provenance" not in batch:
-        raise ValueError("this batch has no provenance field (multimodal batches do not carry one yet); "
-                         "provenance is available for text batches")
+        raise ValueError("this batch has no provenance field: it was not made by zephon's packers "
+                         "(Pack, MMPack), or the field was dropped")
     p = recipe.prepare()
-    tok = p.tokenizer
     prov = batch["provenance"][row]
-    lead = 1 if tok.add_bos else 0
+    segs = _segments({"document_ids": batch["document_ids"][row]})
+    blocks: List[Dict[str, Any]] = []
+    if is_multimodal(batch) and getattr(p, "special", None):
+        first, grids, _ = row_images(batch, row)
+        vision = getattr(recipe, "vision", None)
+        blocks = image_blocks(batch["input"][row], p.special, grids, first, getattr(vision, "patch_size", None))
     out = []
-    segs = _segments({k: batch[k][row] for k in ("document_ids",)})
-    for j, (d, shard, record, epoch, t0, t1) in enumerate(prov):
-        ix = p.indexes[d]
-        text = ix.read(shard, [record])[0]
-        if not isinstance(text, str):
-            raise ValueError(f"record {record} of {ix.shards[shard].path} is no longer readable: {text}")
-        enc = tok._tokenizer().encode(text, add_special_tokens=False)
-        offsets = enc.offsets
-        n_content = len(offsets)
-        c0 = c1 = None
-        for t in range(t0, t1):  # token t of the document; content tokens are t - lead
-            k = t - lead
-            if 0 <= k < n_content:
-                c0 = offsets[k][0] if c0 is None else c0
-                c1 = offsets[k][1]
-        chars = (c0 or 0, c1 or 0) if c0 is not None else (0, 0)
-        b0 = len(text[: chars[0]].encode("utf-8"))
-        b1 = b0 + len(text[chars[0] : chars[1]].encode("utf-8"))
-        loc = ix.locate(shard, record)
-        out.append({
-            "dataset": recipe.datasets[d].name, "file": loc["file"], "locator": loc["locator"], "record": record,
-            "shard": shard, "epoch": epoch, "tokens": (t0, t1), "chars": chars, "bytes": (b0, b1),
-            "row_positions": (int(segs[j][0]), int(segs[j][-1]) + 1) if j < len(segs) else None,
-            "text": text[chars[0] : chars[1]],
-            "has_bos": t0 == 0 and tok.add_bos, "has_eos": tok.add_eos and t1 == n_content + lead + 1,
-            # the record's own bytes in the (decompressed) file, for line formats: re-read them,
-            # parse, tokenize (with BOS/EOS) and take tokens[t0:t1] to get this segment back
-            "file_bytes": ((loc["byte_offset"], loc["byte_offset"] + loc["byte_length"]) if "byte_offset" in loc else None),
-        })
+    for j, entry in enumerate(prov):
+        d, shard, record, epoch, t0, t1 = (int(v) for v in entry)
+        rowpos = (int(segs[j][0]), int(segs[j][0]) + t1 - t0) if j < len(segs) else None
+        kind = getattr(recipe.datasets[d], "kind", "text")
+        if kind == "text":
+            out.append(_text_provenance(recipe, p, d, shard, record, epoch, t0, t1, rowpos))
+        else:
+            out.append(_mm_provenance(recipe, p, kind, d, shard, record, epoch, t0, t1, rowpos, blocks))
+    return out
+
+
+def _covered(tok: Any, text: str, k0: int, k1: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """(chars, bytes) of ``text`` covered by its content tokens ``k0:k1`` (no BOS/EOS)."""
+    offsets = tok._tokenizer().encode(text, add_special_tokens=False).offsets
+    k0, k1 = max(k0, 0), min(k1, len(offsets))
+    if k1 <= k0:
+        return (0, 0), (0, 0)
+    chars = (offsets[k0][0], offsets[k1 - 1][1])
+    b0 = len(text[: chars[0]].encode("utf-8"))
+    return chars, (b0, b0 + len(text[chars[0]: chars[1]].encode("utf-8")))
+
+
+def _text_provenance(recipe: Any, p: Any, d: int, shard: int, record: int, epoch: int, t0: int, t1: int,
+                     rowpos: Optional[Tuple[int, int]]) -> Dict[str, Any]:
+    tok = p.tokenizer
+    ix = p.indexes[d]
+    text = ix.read(shard, [record])[0]
+    if not isinstance(text, str):
+        raise ValueError(f"record {record} of {ix.shards[shard].path} is no longer readable: {text}")
+    lead = 1 if tok.add_bos else 0
+    n_content = len(tok._tokenizer().encode(text, add_special_tokens=False).ids)
+    chars, byts = _covered(tok, text, t0 - lead, t1 - lead)
+    loc = ix.locate(shard, record)
+    return {
+        "dataset": recipe.datasets[d].name, "kind": "text", "file": loc["file"], "locator": loc["locator"],
+        "record": record, "shard": shard, "epoch": epoch, "tokens": (t0, t1), "chars": chars, "bytes": byts,
+        "row_positions": rowpos, "text": text[chars[0]: chars[1]],
+        "has_bos": t0 == 0 and tok.add_bos, "has_eos": tok.add_eos and t1 == n_content + lead + 1,
+        # the record's own bytes in the (decompressed) file, for line formats: re-read them,
+        # parse, tokenize (with BOS/EOS) and take tokens[t0:t1] to get this segment back
+        "file_bytes": ((loc["byte_offset"], loc["byte_offset"] + loc["byte_length"]) if "byte_offset" in loc else None),
+        "images": [],
+    }
+
+
+def _mm_provenance(recipe: Any, p: Any, kind: str, d: int, shard: int, record: int, epoch: int, t0: int, t1: int,
+                   rowpos: Optional[Tuple[int, int]], blocks: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """An image-text sample's provenance: the sample's layout (BOS, text, vision blocks, EOS, as
+    :class:`zephon.nodes.FetchVision` builds it) re-derived from the re-read record."""
+    import hashlib
+
+    from zephon.datasets.multimodal import image_header_size
+
+    tok = p.tokenizer
+    ix = p.indexes[d]
+    rec = ix.read(shard, [record])[0]
+    if not hasattr(rec, "segments"):
+        raise ValueError(f"record {record} of {ix.shards[shard].path} is no longer readable: {rec}")
+    loc = ix.locate(shard, record)
+    sources = ix.sources(shard, record)
+    if len(sources) != len(rec.segments):
+        raise ValueError(f"record {record} of {ix.shards[shard].path}: its sources do not match its segments")
+    row0 = rowpos[0] if rowpos is not None else None
+    # the sample's image blocks in this row (samples with images are never split across rows)
+    mine = [b for b in blocks if rowpos is not None and rowpos[0] <= b["start"] < rowpos[1]]
+    vision = recipe.vision
+    lead = 1 if tok.add_bos else 0
+    pos, n_img = lead, 0
+    texts: List[Dict[str, Any]] = []
+    images: List[Dict[str, Any]] = []
+
+    def where(a: int, z: int) -> Optional[Tuple[int, int]]:
+        return (row0 + a - t0, row0 + z - t0) if row0 is not None else None
+
+    for j, (seg, src) in enumerate(zip(rec.segments, sources)):
+        info = {k: v for k, v in src.items() if k != "kind"}
+        if isinstance(seg, str):
+            n = len(tok._tokenizer().encode(seg, add_special_tokens=False).ids)
+            a, z = max(pos, t0), min(pos + n, t1)
+            if z > a or (n == 0 and t0 <= pos <= t1):
+                chars, byts = _covered(tok, seg, a - pos, z - pos)
+                texts.append({"segment": j, **info, "tokens": (a, max(a, z)), "row_positions": where(a, max(a, z)),
+                              "chars": chars, "bytes": byts, "text": seg[chars[0]: chars[1]]})
+            pos += n
+            continue
+        w, h = image_header_size(seg)
+        block = mine[n_img] if t0 == 0 and n_img < len(mine) else None
+        k = (block["stop"] - block["start"]) if block is not None else vision.image_tokens(w, h) + 2
+        if pos < t1 and pos + k > t0:
+            images.append({"segment": j, **info, "tokens": (pos, pos + k), "row_positions": where(pos, pos + k),
+                           "index": None if block is None else block["index"],
+                           "grid": None if block is None else block["grid"],
+                           "num_bytes": len(seg), "sha256": hashlib.sha256(seg).hexdigest(), "width": w, "height": h})
+        n_img += 1
+        pos += k
+    out = {"dataset": recipe.datasets[d].name, "kind": kind, "file": loc["file"], "locator": loc["locator"]}
+    out.update({k: loc[k] for k in ("key", "row") if k in loc})
+    out.update({
+        "record": record, "shard": shard, "epoch": epoch, "tokens": (t0, t1), "row_positions": rowpos,
+        "text": "".join(t["text"] for t in texts), "texts": texts, "images": images,
+        "has_bos": t0 == 0 and tok.add_bos, "has_eos": tok.add_eos and t1 == pos + 1, "file_bytes": None,
+    })
     return out
 
 
@@ -119,14 +255,22 @@ def unpatchify(patches: np.ndarray, grid_thw: Sequence[int], patch_size: int, te
 
 def denormalize(img: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
     """A normalised float image ``(H, W, 3)`` back to uint8 RGB: ``x * std + mean``, times 255,
-    rounded and clipped (exact for images zephon normalised from 8-bit pixels)."""
+    rounded and clipped (exact for images zephon normalised from 8-bit pixels).
+
+    >>> denormalize(np.array([[[-1.0, 0.0, 1.0]]]), [0.5] * 3, [0.5] * 3).tolist()
+    [[[0, 128, 255]]]
+    """
     x = np.asarray(img, dtype=np.float32) * np.asarray(std, dtype=np.float32) + np.asarray(mean, dtype=np.float32)
     return np.clip(np.rint(x * np.float32(255.0)), 0, 255).astype(np.uint8)
 
 
 def thumbnail_size(height: int, width: int, max_side: int) -> Tuple[int, int]:
     """(width, height) of an image's thumbnail: scaled down (never up) so its longer side is at
-    most ``max_side``, aspect kept, at least 1 pixel."""
+    most ``max_side``, aspect kept, at least 1 pixel.
+
+    >>> thumbnail_size(480, 640, 96), thumbnail_size(32, 64, 96)
+    ((96, 72), (64, 32))
+    """
     s = min(1.0, max_side / max(height, width))
     return max(1, int(round(width * s))), max(1, int(round(height * s)))
 
@@ -145,7 +289,11 @@ def png_base64(rgb: np.ndarray, max_side: int = 96) -> Tuple[str, Tuple[int, int
 
 
 def is_multimodal(batch: Dict[str, Any]) -> bool:
-    """Whether ``batch`` is a multimodal batch (has ``grid_thw`` and ``images_per_row``)."""
+    """Whether ``batch`` is a multimodal batch (has ``grid_thw`` and ``images_per_row``).
+
+    >>> is_multimodal({"input": None}), is_multimodal({"grid_thw": None, "images_per_row": None})
+    (False, True)
+    """
     return "grid_thw" in batch and "images_per_row" in batch
 
 
@@ -156,7 +304,13 @@ def image_blocks(ids: np.ndarray, special: Dict[str, int], grids: Optional[np.nd
     ``vision_start`` / ``vision_end`` tokens (``start``, ``stop``), its placeholder count
     (``tokens``), its index in the batch (``index`` = ``first`` + k, or None when the row has more
     runs than ``grids``), and, given ``grids`` (the row's rows of ``grid_thw``), its ``grid`` and
-    pixel size ``height`` x ``width`` (with ``patch_size``)."""
+    pixel size ``height`` x ``width`` (with ``patch_size``).
+
+    >>> special = {"image": 9, "vision_start": 7, "vision_end": 8}
+    >>> (b,) = image_blocks(np.array([1, 7, 9, 9, 8, 2]), special, np.array([[1, 2, 4]]), first=5, patch_size=16)
+    >>> b["start"], b["stop"], b["run"], b["index"], image_label(b)
+    (1, 5, (2, 4), 5, '[image 5: 32x64, 2 tokens]')
+    """
     ids = np.asarray(ids)
     img, vs, ve = special["image"], special.get("vision_start"), special.get("vision_end")
     is_img = ids == img
@@ -188,7 +342,13 @@ def image_label(block: Dict[str, Any]) -> str:
 def row_pieces(decode: Any, ids: np.ndarray, lo: int, hi: int, blocks: Sequence[Dict[str, Any]]) -> List[Tuple[str, Any]]:
     """Tokens ``ids[lo:hi]`` as ``("text", str)`` and ``("image", block)`` pieces in order: each
     image block (``<|vision_start|>``, its placeholder run, ``<|vision_end|>``) collapses into one
-    piece; the text between is ``decode``d."""
+    piece; the text between is ``decode``d.
+
+    >>> ids = np.array([1, 7, 9, 9, 8, 2])
+    >>> blocks = image_blocks(ids, {"image": 9, "vision_start": 7, "vision_end": 8})
+    >>> [(kind, v if kind == "text" else "<image>") for kind, v in row_pieces(str, ids, 0, 6, blocks)]
+    [('text', '[1]'), ('image', '<image>'), ('text', '[2]')]
+    """
     out: List[Tuple[str, Any]] = []
     cur = lo
     for b in blocks:
@@ -206,7 +366,13 @@ def row_pieces(decode: Any, ids: np.ndarray, lo: int, hi: int, blocks: Sequence[
 
 def row_images(batch: Dict[str, Any], i: int) -> Tuple[int, np.ndarray, np.ndarray]:
     """Row ``i`` of a multimodal batch: (index of its first image in the batch, its rows of
-    ``grid_thw``, the patch offsets ``[start, stop)`` of each of its images in ``pixel_values``)."""
+    ``grid_thw``, the patch offsets ``[start, stop)`` of each of its images in ``pixel_values``).
+
+    >>> batch = {"images_per_row": np.array([1, 2]), "grid_thw": np.array([[1, 2, 2], [1, 2, 4], [1, 4, 2]])}
+    >>> first, grids, spans = row_images(batch, 1)
+    >>> first, grids.tolist(), spans.tolist()
+    (1, [[1, 2, 4], [1, 4, 2]], [[4, 12], [12, 20]])
+    """
     per_row = np.asarray(batch["images_per_row"])
     grids = np.asarray(batch["grid_thw"])
     first = int(per_row[:i].sum())
@@ -254,7 +420,20 @@ class BatchView:
         return float((self.batch["document_ids"][i] >= 0).mean())
 
     def provenance(self, i: int) -> List[Dict[str, Any]]:
+        """Where each segment of row ``i`` came from: see :func:`provenance`."""
         return provenance(self.recipe, self.batch, i)
+
+    def _source_title(self, entry: Sequence[int]) -> str:
+        """A segment's source for the HTML tooltip, from the index alone (no read)."""
+        d, shard, record, epoch, t0, t1 = (int(v) for v in entry)
+        where = f"shard {shard} · record {record}"
+        try:
+            if record >= 0:
+                loc = self.recipe.prepare().indexes[d].locate(shard, record)
+                where = f"{loc['file']} · {loc['locator']}"
+        except Exception:  # display only: fall back to the indices
+            pass
+        return f"{where} · epoch {epoch} · tokens {t0}–{t1}"
 
     # -- images -------------------------------------------------------------------------------
     def _blocks(self, i: int) -> List[Dict[str, Any]]:
@@ -397,8 +576,7 @@ class BatchView:
                 color = PALETTE[seg["dataset_index"] % len(PALETTE)]
                 title = seg["dataset"]
                 if prov is not None and j < len(prov[i]):
-                    d, shard, record, epoch, t0, t1 = prov[i][j]
-                    title += f" · shard {shard} · record {record} · epoch {epoch} · tokens {t0}–{t1}"
+                    title += " · " + self._source_title(prov[i][j])
                 text = self._seg_html(seg)
                 masked = f' <span class="zp-masked" style="color:#999">[{seg["masked"]} labels masked]</span>' if seg["masked"] else ""
                 out.append(f'<span class="zp-boundary" style="color:#e11d48;font-weight:bold">‖</span>'

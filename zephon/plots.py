@@ -19,7 +19,15 @@ def _plt():
 
 
 def token_shares(recipe: Any, steps: int, world_size: int = 1, workers: Any = None) -> np.ndarray:
-    """Cumulative realized token share per dataset after each step: shape ``[steps, datasets]``."""
+    """Cumulative realized token share per dataset after each step: shape ``[steps, datasets]``.
+
+    >>> import tempfile
+    >>> from zephon.demo import demo_recipe
+    >>> recipe = demo_recipe(tempfile.mkdtemp(), scale=0.01).replace(lanes=4, global_batch_size=8, shuffle={"buffer": 1})
+    >>> shares = token_shares(recipe, steps=2)
+    >>> shares.shape, bool(np.allclose(shares.sum(axis=1), 1))
+    ((2, 3), True)
+    """
     counts = np.zeros(len(recipe.datasets))
     out = np.zeros((steps, len(recipe.datasets)))
     with recipe.global_loader(world_size, workers=workers) as g:
@@ -32,7 +40,13 @@ def token_shares(recipe: Any, steps: int, world_size: int = 1, workers: Any = No
 
 
 def target_shares(recipe: Any, steps: int) -> np.ndarray:
-    """The scheduled token share per dataset at each step (curricula change it)."""
+    """The scheduled token share per dataset at each step (curricula change it).
+
+    >>> import tempfile
+    >>> from zephon.demo import demo_recipe
+    >>> target_shares(demo_recipe(tempfile.mkdtemp(), scale=0.01), steps=1).round(2).tolist()
+    [[0.6, 0.25, 0.15]]
+    """
     out = np.zeros((steps, len(recipe.datasets)))
     for t in range(steps):
         out[t] = recipe.schedule.weights(recipe.schedule.phase_at(t))

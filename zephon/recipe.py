@@ -179,7 +179,22 @@ class _Prepared:
 
 
 class Recipe:
-    """A validated pipeline description. Build with :meth:`from_toml` or :meth:`from_dict`."""
+    """A validated pipeline description. Build with :meth:`from_toml` or :meth:`from_dict`.
+
+    Why a recipe: the data a run sees is a function of the recipe (and the files) alone, so it
+    is validated up front, fingerprinted into every checkpoint, and every rank builds the same
+    lanes from it. Nothing is read until :meth:`prepare` (or a loader) needs it.
+
+    >>> from zephon.demo import TOKENIZER_DIR
+    >>> cfg = {"seed": 1, "lanes": 4, "seq_len": 64, "global_batch_size": 8, "tokenizer": {"path": TOKENIZER_DIR},
+    ...        "datasets": [{"name": "web", "path": "web/*.jsonl", "weight": 1.0}]}
+    >>> Recipe.from_dict(cfg).rows_per_lane
+    2
+    >>> Recipe.from_dict(dict(cfg, shufle={"buffer": 8}))
+    Traceback (most recent call last):
+    ...
+    zephon.recipe.RecipeError: recipe: unknown key 'shufle' in the recipe's top level. Did you mean 'shuffle'? ...
+    """
 
     def __init__(self, config: Mapping[str, Any], base_dir: str = ".") -> None:
         self.raw = copy.deepcopy(dict(config))
@@ -205,6 +220,8 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any], base_dir: str = ".") -> "Recipe":
+        """Validate a recipe given as a dict (the TOML's structure); relative paths are
+        relative to ``base_dir``."""
         return cls(config, base_dir)
 
     def replace(self, **changes: Any) -> "Recipe":
@@ -566,6 +583,8 @@ class Recipe:
 
     @property
     def fingerprint(self) -> str:
+        """Hash of the data definition (recipe, data files, tokenizer): a checkpoint made under
+        another fingerprint is refused."""
         return self.prepare().fingerprint
 
     @property
@@ -591,6 +610,8 @@ class Recipe:
 
     # -- checkpoint-carried derived values ---------------------------------------------------
     def shared_state(self) -> Dict[str, Any]:
+        """The rank-independent part of a checkpoint: token estimates and the data and
+        tokenizer fingerprints (see :meth:`adopt_shared`)."""
         p = self.prepare()
         return {
             "token_estimates": {k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(p.estimates.items())},

@@ -16,12 +16,20 @@ _MASK64 = (1 << 64) - 1
 
 
 def op_key(name: str) -> int:
-    """A stable 64-bit key for an operator name (sha256, not Python's salted ``hash``)."""
+    """A stable 64-bit key for an operator name (sha256, not Python's salted ``hash``).
+
+    >>> op_key("shuffle") == op_key("shuffle") != op_key("pack")
+    True
+    """
     return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "little")
 
 
 def seed_sequence(seed: int, lane: int, op: str, epoch: int = 0, counter: int = 0) -> np.random.SeedSequence:
-    """The seed sequence for one (seed, lane, operator, epoch, counter) stream."""
+    """The seed sequence for one (seed, lane, operator, epoch, counter) stream.
+
+    >>> seed_sequence(1234, 3, "shuffle").spawn_key[0]
+    3
+    """
     for what, v in (("seed", seed), ("lane", lane), ("epoch", epoch), ("counter", counter)):
         if int(v) < 0:
             raise ValueError(f"{what} must be a non-negative integer, got {v}")
@@ -40,7 +48,13 @@ def lane_rng(seed: int, lane: int, op: str, epoch: int = 0, counter: int = 0) ->
 
 
 def stable_u64(*parts: int | str) -> int:
-    """A stable 64-bit integer from ints and strings (used for keys of permutations)."""
+    """A stable 64-bit integer from ints and strings (used for keys of permutations).
+
+    Same value in every process and run (unlike ``hash()``, which Python salts per process).
+
+    >>> stable_u64("web", 0, 2) == stable_u64("web", 0, 2) != stable_u64("web", 0, 3)
+    True
+    """
     h = hashlib.sha256()
     for p in parts:
         h.update(str(p).encode("utf-8"))

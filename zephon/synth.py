@@ -426,7 +426,12 @@ _GENERATORS = {"web": _web_doc, "code": _code_doc, "books": _books_doc}
 
 def generate_documents(style: str, n: int, seed: int) -> list[str]:
     """``n`` synthetic documents of ``style`` ("web", "code" or "books"), deterministic in
-    ``(style, seed, index)``."""
+    ``(style, seed, index)``.
+
+    >>> docs = generate_documents("web", 3, seed=0)
+    >>> [len(d) for d in docs], generate_documents("web", 2, seed=0) == docs[:2]
+    ([2489, 988, 3457], True)
+    """
     if style not in _GENERATORS:
         raise ValueError(f"unknown style {style!r}; expected one of {sorted(_GENERATORS)}")
     if int(n) < 0 or int(seed) < 0:
@@ -447,7 +452,13 @@ def _atomic_target(path: str | os.PathLike) -> tuple[str, str]:
 def write_jsonl(path: str | os.PathLike, docs: list[str], text_field: str = "text",
                 compression: str | None = None) -> str:
     """One JSON object per line: ``{text_field: doc, "id": i}``. ``compression``: None, "gz"
-    (gzip, mtime 0 so the bytes are reproducible) or "zst" (zstandard)."""
+    (gzip, mtime 0 so the bytes are reproducible) or "zst" (zstandard).
+
+    >>> import os, tempfile
+    >>> path = write_jsonl(os.path.join(tempfile.mkdtemp(), "a.jsonl"), ["one", "two"])
+    >>> open(path).read().splitlines()[1]
+    '{"text": "two", "id": 1}'
+    """
     path, tmp = _atomic_target(path)
     payload = "".join(
         json.dumps({text_field: d, "id": i}, ensure_ascii=False) + "\n" for i, d in enumerate(docs)
@@ -652,7 +663,12 @@ def _draw_image(s: _Stream, min_side: int, max_side: int) -> tuple[bytes, str]:
 def generate_image_text(n: int, seed: int, *, min_side: int = 24, max_side: int = 96) -> list[dict]:
     """``n`` deterministic image-caption samples: ``{"key", "image" (encoded bytes), "ext",
     "caption"}``. Formats JPEG/PNG/WebP, modes RGB/L/RGBA/P, some JPEGs with an EXIF
-    orientation; sample ``i`` depends only on ``(seed, i)`` (and the Pillow codecs)."""
+    orientation; sample ``i`` depends only on ``(seed, i)`` (and the Pillow codecs).
+
+    >>> s = generate_image_text(2, seed=0)[0]
+    >>> s["key"], s["ext"], s["caption"]
+    ('00000000', 'jpg', 'Vou zorcri to sneet at has of ress of her than in stair.')
+    """
     key = _style_key("image_text")
     out = []
     for i in range(int(n)):
@@ -665,7 +681,12 @@ def generate_image_text(n: int, seed: int, *, min_side: int = 24, max_side: int 
 def generate_interleaved(n: int, seed: int, *, min_side: int = 24, max_side: int = 96,
                          max_images: int = 3) -> list[dict]:
     """``n`` OBELICS-style documents ``{"texts": [str|None], "images": [bytes|None]}``: at each
-    position exactly one of the two is set; 1..max_images images among 1..4 text segments."""
+    position exactly one of the two is set; 1..max_images images among 1..4 text segments.
+
+    >>> doc = generate_interleaved(1, seed=0)[0]
+    >>> [("text" if t is not None else "image") for t in doc["texts"]]
+    ['image', 'text']
+    """
     key = _style_key("interleaved")
     out = []
     for i in range(int(n)):

@@ -22,7 +22,7 @@ from .accumulator import Accumulator
 from .lanes import batch_sha256
 from .node import StateError, ZNode, json_roundtrip
 
-__all__ = ["RangeSource", "ToyPacker", "check_node", "NodeCheck", "key_shape", "assert_no_leaks", "toy_lane"]
+__all__ = ["ListSource", "RangeSource", "ToyPacker", "check_node", "NodeCheck", "key_shape", "assert_no_leaks", "toy_lane"]
 
 
 class RangeSource(ZNode[int]):
@@ -55,6 +55,41 @@ class RangeSource(ZNode[int]):
         self.cursor += 1
         self.reads += 1
         return value
+
+    def get_state(self) -> Dict[str, Any]:
+        return self._tagged({"cursor": self.cursor})
+
+
+class ListSource(ZNode[Any]):
+    """The items of a list, in order: the smallest checkpointable source, for examples and tests
+    of your own operators (its state is one cursor).
+
+    >>> src = ListSource(["a", "b", "c"])
+    >>> next(src), src.state_dict()["cursor"]
+    ('a', 1)
+    >>> src.reset({"type": "list_source", "version": 1, "cursor": 2}); next(src)
+    'c'
+    """
+
+    node_type = "list_source"
+
+    def __init__(self, items: Any) -> None:
+        super().__init__()
+        self.items = list(items)
+        self.cursor = 0
+
+    def _repr_args(self):
+        yield f"{len(self.items)} items"
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        super().reset(initial_state)
+        self.cursor = 0 if initial_state is None else int(initial_state["cursor"])
+
+    def next(self) -> Any:
+        if self.cursor >= len(self.items):
+            raise StopIteration
+        self.cursor += 1
+        return self.items[self.cursor - 1]
 
     def get_state(self) -> Dict[str, Any]:
         return self._tagged({"cursor": self.cursor})

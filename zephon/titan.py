@@ -110,6 +110,18 @@ def titan_mm_batch(batch: Dict[str, np.ndarray], lo: int, hi: int, *, special_to
 
     and labels int64 [rows, seq_len] (already shifted; -100 on vision tokens and padding).
     Images are in token order (row-major), as the model's ``get_vision_positions`` expects.
+    zephon-only fields (``provenance``, ``document_ids``, ``dataset``) are left out: use
+    :meth:`ZephonDataLoader.on_local_batch` to see them.
+
+    >>> z = np.zeros((2, 8), np.int64)
+    >>> batch = {"input": z, "labels": z, "positions": z, "mrope_positions": np.zeros((2, 8, 3), np.int64),
+    ...          "images_per_row": np.array([0, 2]), "grid_thw": np.array([[1, 2, 2], [1, 2, 4]]),
+    ...          "pixel_values": np.ones((12, 1536), np.float32), "provenance": [(), ()]}
+    >>> inputs, labels = titan_mm_batch(batch, 1, 2, special_tokens={"image_id": 9}, merge_size=2)
+    >>> tuple(inputs["pixel_values"].shape), inputs["grid_thw"].tolist(), tuple(labels.shape)
+    ((2, 8, 1536), [[1, 2, 2], [1, 2, 4]], (1, 8))
+    >>> "provenance" in inputs, inputs["pixel_values_videos"], inputs["special_tokens"]
+    (False, None, {'image_id': 9})
     """
     per_row = batch["images_per_row"]
     starts = np.concatenate([[0], np.cumsum(per_row)])
@@ -183,6 +195,20 @@ class ZephonDataLoader(BaseDataLoader):
 
     Built by the trainer as ``config.build(dp_world_size=, dp_rank=, tokenizer=, seq_len=,
     local_batch_size=, ...)``; see the module docstring for the contract.
+
+    >>> import tempfile
+    >>> from zephon.demo import write_demo_recipe
+    >>> path = write_demo_recipe(tempfile.mkdtemp(), scale=0.01)
+    >>> loader = ZephonDataLoader(ZephonDataLoader.Config(recipe=path, workers=0), dp_world_size=2, dp_rank=1,
+    ...                           local_batch_size=4)
+    >>> inputs, labels = next(loader)
+    >>> sorted(inputs), tuple(inputs["input"].shape), loader.microbatches_per_step
+    (['input', 'positions'], (4, 256), 4)
+    >>> for _ in range(3):   # the rest of the recipe step: a checkpoint falls between steps
+    ...     _ = next(loader)
+    >>> sorted(loader.state_dict())[:2]   # rank 1 of 2 owns lanes 8..15 of 16
+    ['lane_00008', 'lane_00009']
+    >>> loader.close()
     """
 
     @dataclass(kw_only=True, slots=True)

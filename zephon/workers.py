@@ -24,6 +24,13 @@ class WorkerConfig:
 
     ``count=0`` runs the work inline in the consumer's thread. ``timeout_s`` bounds how long the
     consumer waits for one task before it reports a hung worker.
+
+    >>> WorkerConfig(4, "process").count
+    4
+    >>> WorkerConfig(2, "gpu")
+    Traceback (most recent call last):
+    ...
+    ValueError: workers.backend must be one of ('thread', 'process'), got 'gpu'
     """
 
     count: int = 0
@@ -46,7 +53,16 @@ class WorkerConfig:
 
 
 class WorkerPool:
-    """A lazily started thread or process pool with an idempotent ``close()``."""
+    """A lazily started thread or process pool with an idempotent ``close()``.
+
+    Why lazy: a rank builds its pipelines (and pools) before it knows whether it will iterate;
+    nothing starts until the first task.
+
+    >>> pool = WorkerPool(WorkerConfig(2, "thread"))
+    >>> pool.submit(pow, 2, 10).result()
+    1024
+    >>> pool.close(); pool.close()   # idempotent
+    """
 
     def __init__(self, config: WorkerConfig) -> None:
         if config.count < 1:
@@ -58,6 +74,7 @@ class WorkerPool:
 
     @property
     def executor(self) -> cf.Executor:
+        """The underlying ``concurrent.futures`` executor, started on first use."""
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self!r} is closed")
@@ -74,9 +91,11 @@ class WorkerPool:
             return self._executor
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
+        """Run ``fn(*args)`` on the pool; a future of its result."""
         return self.executor.submit(fn, *args)
 
     def close(self) -> None:
+        """Stop the workers (processes hung in user code are terminated). Safe to call twice."""
         with self._lock:
             if self._closed:
                 return
@@ -105,7 +124,13 @@ class WorkerPool:
 
 
 class PoolSet:
-    """The pools of one rank, keyed by (backend, count, start method): shared by its lanes."""
+    """The pools of one rank, keyed by (backend, count, start method): shared by its lanes.
+
+    >>> pools = PoolSet()
+    >>> pools.get(WorkerConfig(2)) is pools.get(WorkerConfig(2)), pools.get(WorkerConfig(0))
+    (True, None)
+    >>> pools.close()
+    """
 
     def __init__(self) -> None:
         self._pools: Dict[Tuple[str, int, str], WorkerPool] = {}
@@ -123,6 +148,7 @@ class PoolSet:
             return pool
 
     def close(self) -> None:
+        """Close every pool of the set (a later :meth:`get` starts a new one)."""
         with self._lock:
             pools, self._pools = list(self._pools.values()), {}
         for p in pools:
@@ -150,6 +176,15 @@ class ProcessLocal:
     Pickled with every task sent to a process pool, but unpickled once per worker process: the
     first copy is kept under a key made at construction and reused by later tasks. Attributes
     named in ``_transient`` (caches) are not pickled.
+
+    >>> import pickle
+    >>> from zephon.demo import TOKENIZER_DIR
+    >>> from zephon.nodes import FetchTokenize
+    >>> from zephon.tokenizer import TextTokenizer
+    >>> fn = FetchTokenize([], TextTokenizer(TOKENIZER_DIR))   # a ProcessLocal
+    >>> a, b = pickle.loads(pickle.dumps(fn)), pickle.loads(pickle.dumps(fn))
+    >>> a is b   # the second task's copy is the first one: unpickled once per process
+    True
     """
 
     _transient: Tuple[str, ...] = ()

@@ -8,6 +8,11 @@ __all__ = ["DataError", "BadRecord", "SKIP_HINT"]
 
 
 def SKIP_HINT(dataset: str) -> str:  # noqa: N802 - reads like a constant at call sites
+    """The sentence every data error ends with: how to turn the error into a counted skip.
+
+    >>> print(SKIP_HINT("web"))
+    To skip bad records instead, set on_error = "skip" for dataset 'web' in the recipe.
+    """
     return f"To skip bad records instead, set on_error = \"skip\" for dataset '{dataset}' in the recipe."
 
 

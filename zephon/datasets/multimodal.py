@@ -46,7 +46,7 @@ KINDS = ("text", "image_text", "interleaved")
 MM_FORMATS = ("wds", "parquet")
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 TEXT_EXTS = ("txt", "json")
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: tar member names (provenance)
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,26 @@ class MMRecord:
 
     @property
     def num_images(self) -> int:
+        """How many of the segments are images.
+
+        >>> MMRecord((b"<png>", "a caption"), "a.tar", "key 'k'").num_images
+        1
+        """
         return sum(1 for s in self.segments if isinstance(s, (bytes, bytearray)))
 
 
 def image_header_size(data: bytes) -> Tuple[int, int]:
-    """(width, height) after EXIF orientation, from the header only; (0, 0) if unreadable."""
+    """(width, height) after EXIF orientation, from the header only; (0, 0) if unreadable.
+
+    Why the header only: indexing a corpus must not decode every image, yet the planner needs
+    exact image-token counts.
+
+    >>> import io
+    >>> from PIL import Image
+    >>> buf = io.BytesIO(); Image.new("RGB", (40, 30)).save(buf, "JPEG")
+    >>> image_header_size(buf.getvalue()), image_header_size(b"not an image")
+    ((40, 30), (0, 0))
+    """
     from PIL import Image
 
     try:
@@ -103,6 +118,21 @@ class MultimodalIndex:
 
     ``record_bytes(s)`` is the text size of each record (bytes); :meth:`image_sizes` gives the
     images' header sizes, from which the recipe computes exact image-token counts.
+    :meth:`locate` and :meth:`sources` say where a record and each of its segments are stored
+    (provenance).
+
+    >>> import os, tempfile
+    >>> from zephon.synth import generate_image_text, write_wds
+    >>> root = tempfile.mkdtemp()
+    >>> _ = write_wds(os.path.join(root, "shard-0.tar"), generate_image_text(3, seed=0))
+    >>> ix = index_multimodal("pairs", os.path.join(root, "*.tar"), cache_dir=root)
+    >>> ix.num_records, ix.record_bytes(0).tolist()
+    (3, [56, 24, 23])
+    >>> rec = ix.read(0, [1])[0]
+    >>> type(rec.segments[0]).__name__, rec.segments[1], rec.locator
+    ('bytes', 'He two of care own nart.', "key '00000001'")
+    >>> [(s["kind"], s["member"]) for s in ix.sources(0, 1)]
+    [('image', '00000001.png'), ('text', '00000001.txt')]
     """
 
     def __init__(self, name: str, kind: str, format: str, text_field: str, image_field: str,
@@ -139,6 +169,7 @@ class MultimodalIndex:
 
     # -- metadata ------------------------------------------------------------------------------
     def shard_offsets(self) -> np.ndarray:
+        """int64 ``[shards + 1]``: the global index of each shard's first record, then the total."""
         return self._offsets.copy()
 
     def record_bytes(self, shard: int) -> np.ndarray:
@@ -239,7 +270,7 @@ class MultimodalIndex:
                     if key not in members:
                         members[key] = {}
                         order.append(key)
-                    members[key].setdefault(slot, (m.offset_data, m.size, ext))
+                    members[key].setdefault(slot, (m.offset_data, m.size, ext, m.name))
             except (tarfile.TarError, EOFError) as e:
                 raise self._err(s, f"not a valid tar file (corrupt or truncated?): {e}",
                                 "Re-create or re-copy the shard, or remove it from the dataset's path list.") from None
@@ -249,8 +280,12 @@ class MultimodalIndex:
         a = {k: np.full(n, -1, np.int64) for k in ("img_off", "img_len", "txt_off", "txt_len")}
         a["txt_json"] = np.zeros(n, np.int64)
         widths, heights = [], []
+        names = {"img_name": [""] * n, "txt_name": [""] * n}
         for i, key in enumerate(order):
             m = members[key]
+            for slot in ("image", "text"):
+                if slot in m:
+                    names["img_name" if slot == "image" else "txt_name"][i] = m[slot][3]
             if "image" in m:
                 a["img_off"][i], a["img_len"][i] = m["image"][0], m["image"][1]
                 w, h = image_header_size(self._read_range(s, m["image"][0], min(m["image"][1], 1 << 16)))
@@ -262,6 +297,8 @@ class MultimodalIndex:
                 a["txt_off"][i], a["txt_len"][i] = m["text"][0], m["text"][1]
                 a["txt_json"][i] = 1 if m["text"][2] == "json" else 0
         a["keys"] = np.array(order, dtype=np.str_) if order else np.zeros(0, dtype="<U1")
+        for k, v in names.items():
+            a[k] = np.array(v, dtype=np.str_) if v else np.zeros(0, dtype="<U1")
         a["lengths"] = np.maximum(a["txt_len"], 0)
         a["n_img"] = (a["img_len"] >= 0).astype(np.int64)
         a["img_w"], a["img_h"] = np.array(widths, np.int64), np.array(heights, np.int64)
@@ -330,13 +367,7 @@ class MultimodalIndex:
                 return None, f"'{self.text_field}' and '{self.image_field}' must both be lists"
             if len(txt) != len(img):
                 return None, f"'{self.text_field}' has {len(txt)} entries but '{self.image_field}' has {len(img)}"
-            segs: List[Any] = []
-            for t, im in zip(txt, img):
-                b = self._image_bytes(im)
-                if b is not None:
-                    segs.append(b)
-                elif isinstance(t, str):
-                    segs.append(t)
+            segs: List[Any] = [seg for _, seg in self._interleaved(img, txt)]
             if not any(isinstance(x, bytes) for x in segs) and not any(isinstance(x, str) and x.strip() for x in segs):
                 return None, "the document has neither text nor images"
             return tuple(segs), None
@@ -346,6 +377,18 @@ class MultimodalIndex:
         if not isinstance(txt, str):
             return None, f"the caption ('{self.text_field}') is {'null' if txt is None else type(txt).__name__}"
         return (b, txt), None
+
+    def _interleaved(self, img: List[Any], txt: List[Any]) -> List[Tuple[int, Any]]:
+        """(list index, segment) of an interleaved row's kept entries: the image where one is
+        set, else the text where it is a string."""
+        out: List[Tuple[int, Any]] = []
+        for j, (t, im) in enumerate(zip(txt, img)):
+            b = self._image_bytes(im)
+            if b is not None:
+                out.append((j, b))
+            elif isinstance(t, str):
+                out.append((j, t))
+        return out
 
     def _index_parquet(self, s: int) -> Dict[str, np.ndarray]:
         pf = self._parquet(s)
@@ -394,6 +437,70 @@ class MultimodalIndex:
                 loc = f"row {int(idx[k])}"
                 out[k] = MMRecord(segs, disp, loc) if bad is None else BadRecord(self.name, disp, loc, bad)
         return out
+
+    # -- provenance ----------------------------------------------------------------------------
+    def locate(self, shard: int, record: int) -> Dict[str, Any]:
+        """Where a record lives, from the index alone (no read): ``file``, ``locator`` (``key
+        'k'`` for tar shards, ``row N`` 0-based for Parquet), and ``key`` (tar) or ``row``.
+
+        See :meth:`sources` for where each of its segments' bytes are."""
+        if not 0 <= shard < len(self.shards):
+            raise IndexError(f"dataset '{self.name}': shard {shard} out of range ({len(self.shards)} shards)")
+        if not 0 <= record < self.shards[shard].num_records:
+            raise IndexError(f"dataset '{self.name}': record {record} out of range for shard {shard} "
+                             f"({self.shards[shard].num_records} records)")
+        out: Dict[str, Any] = {"file": self._files[shard][2]}
+        if self.format == "wds":
+            key = str(self._arrays[shard]["keys"][record])
+            out.update(locator=f"key '{key}'", key=key)
+        else:
+            out.update(locator=f"row {record}", row=int(record))
+        return out
+
+    def sources(self, shard: int, record: int) -> List[Dict[str, Any]]:
+        """Where each segment of a record (in :attr:`MMRecord.segments` order) is stored: one dict
+        per segment with ``kind`` ("text" / "image") and
+
+        * tar shards: ``member`` (the tar member's name), ``file_bytes`` (its ``[start, stop)``
+          byte range in the tar file: re-read those bytes to get the image file or the caption
+          file) and ``field`` (the JSON field of a ``.json`` caption, else None);
+        * Parquet: ``column``, ``row`` (0-based in the file), ``list_index`` (the entry of an
+          interleaved row's list column, else None) and ``field`` (``"bytes"`` for a Hugging
+          Face image struct, else None); ``file_bytes`` is None (Parquet cells are not
+          contiguous file bytes).
+
+        Parquet sources read the row (to find the list entries); tar sources do not read."""
+        loc = self.locate(shard, record)
+        if self.format == "wds":
+            a = self._arrays[shard]
+            out = []
+            for slot, kind in (("img", "image"), ("txt", "text")):
+                off, n = int(a[f"{slot}_off"][record]), int(a[f"{slot}_len"][record])
+                if n < 0:
+                    continue
+                name = str(a[f"{slot}_name"][record]) if f"{slot}_name" in a else ""
+                field = self.text_field if kind == "text" and a["txt_json"][record] else None
+                out.append({"kind": kind, "member": name or None, "file_bytes": (off, off + n), "field": field})
+            return out
+        groups = self._arrays[shard]["groups"]
+        rg = int(np.searchsorted(groups, record, side="right") - 1)
+        t = self._groups.get((shard, rg), lambda: self._parquet(shard).read_row_group(
+            rg, columns=[self.image_field, self.text_field]))
+        k = int(record - groups[rg])
+        img, txt = t.column(self.image_field)[k].as_py(), t.column(self.text_field)[k].as_py()
+        row = int(loc["row"])
+
+        def src(kind: str, j: Optional[int], value: Any) -> Dict[str, Any]:
+            col = self.image_field if kind == "image" else self.text_field
+            field = "bytes" if kind == "image" and isinstance(value, dict) else None
+            return {"kind": kind, "column": col, "row": row, "list_index": j, "field": field, "file_bytes": None}
+
+        if self.kind == "interleaved":
+            if not isinstance(txt, list) or not isinstance(img, list):
+                return []
+            return [src("image" if isinstance(seg, bytes) else "text", j, img[j] if isinstance(seg, bytes) else txt[j])
+                    for j, seg in self._interleaved(img, txt)]
+        return [src("image", None, img), src("text", None, txt)]
 
     # -- reads ---------------------------------------------------------------------------------
     def read(self, shard: int, indices: Sequence[int]) -> List[Any]:
