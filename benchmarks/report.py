@@ -63,16 +63,17 @@ def _f(x, fmt="{:.3f}", none="n/a"):
     return none if x is None else fmt.format(x)
 
 
-def _bracket(data: Dict[str, Any]) -> Dict[tuple, Dict[str, float]]:
-    """(threads, round) -> contender -> zephon's tokens/s around it divided by its own (geometric
-    mean of the zephon runs right before and after it in the same round)."""
+def _bracket(data: Dict[str, Any], key: str = "tokens_per_s") -> Dict[tuple, Dict[str, float]]:
+    """(threads, round) -> contender -> zephon's ``key`` (tokens/s; images/s in the vision half)
+    around it divided by its own (geometric mean of the zephon runs right before and after it in
+    the same round)."""
     runs = defaultdict(list)
     for r in data["throughput"]:
         if "error" not in r:
             runs[(r["threads"], r["round"])].append(r)
     out: Dict[tuple, Dict[str, float]] = {}
-    for key, rs in runs.items():
-        z = {r["slot"]: r["tokens_per_s"] for r in rs if r["contender"] == "zephon"}
+    for tr, rs in runs.items():
+        z = {r["slot"]: r[key] for r in rs if r["contender"] == "zephon"}
         d = {}
         for r in rs:
             if r["contender"] == "zephon":
@@ -80,8 +81,8 @@ def _bracket(data: Dict[str, Any]) -> Dict[tuple, Dict[str, float]]:
             near = [z[k] for k in (r["slot"] - 1, r["slot"] + 1) if k in z] or list(z.values())
             if near:
                 zbar = float(np.exp(np.mean(np.log(near))))
-                d[r["contender"]] = zbar / r["tokens_per_s"]
-        out[key] = d
+                d[r["contender"]] = zbar / r[key]
+        out[tr] = d
     return out
 
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env python
-"""zephon benchmarks, text half: one command, side by side, on the same data.
+"""zephon benchmarks: one command, side by side, on the same data.
 
-    python benchmarks/run.py [--size smoke|small|full] [--only text] [--rounds N] [--no-profile]
+    python benchmarks/run.py [--size smoke|small|full] [--only text|vision|all] [--rounds N] [--no-profile]
+
+Text half (below) and vision half (benchmarks/run_vision.py: image-text tar shards; zephon, Grain,
+TorchTitan's MMDataLoader, the decode-only limit; writes vision_<size>.{md,png,json}).
 
 Generates the corpus deterministically under benchmarks/.data/, runs every installed contender
 (zephon, Grain with threads and with mp_prefetch, torchdata.nodes, TorchTitan's
@@ -282,7 +285,13 @@ WORKERS = {"throughput": w_throughput, "limit": w_limit, "restore": w_restore, "
 def worker_main(spec_json: str) -> None:
     spec = json.loads(spec_json)
     try:
-        out = {"ok": True, "result": WORKERS[spec["kind"]](spec)}
+        if spec["kind"] in WORKERS:
+            fn = WORKERS[spec["kind"]]
+        else:  # the vision half's kinds (vthroughput, vlimit)
+            from benchmarks.run_vision import VWORKERS
+
+            fn = VWORKERS[spec["kind"]]
+        out = {"ok": True, "result": fn(spec)}
     except Exception as e:  # reported, not fatal for the whole run
         out = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     sys.stdout.flush()
@@ -334,8 +343,8 @@ def versions() -> Dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
-    for p in ("zephon", "grain", "torch", "torchdata", "torchtitan", "tokenizers", "datasets", "numpy", "matplotlib",
-              "py-spy"):
+    for p in ("zephon", "grain", "torch", "torchdata", "torchtitan", "tokenizers", "datasets", "numpy", "pillow",
+              "matplotlib", "py-spy"):
         try:
             out[p] = version(p)
         except PackageNotFoundError:
@@ -379,6 +388,7 @@ def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Opti
         plan["rounds"] = rounds
     inprocess = (size == "smoke") if inprocess is None else inprocess
     started = time.time()
+    load_start = os.getloadavg()
     log(f"[text/{size}] generating corpus ...")
     corpus = text_corpus(size)
     settings = {"files": corpus["files"], "glob": corpus["glob"], "corpus_dir": corpus["dir"],
@@ -484,6 +494,7 @@ def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Opti
             "machine": machine(), "versions": versions(), "skipped": skipped, "warm_ttfb": warm,
             "throughput": raw, "restore": restore, "lanes": lanes_raw, "waits": waits, "profiles": profiles,
             "wall_s": time.time() - started, "inprocess": inprocess}
+    data["machine"]["loadavg_start"] = load_start
     data["machine"]["loadavg_end"] = os.getloadavg()
     from benchmarks.report import write_report
 
@@ -497,7 +508,8 @@ def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Opti
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=sorted(PLANS), default="small")
-    ap.add_argument("--only", choices=["text"], default="text", help="which half (vision comes later)")
+    ap.add_argument("--only", choices=["text", "vision", "all"], default="all",
+                    help="which half: text, vision or all (both, text first; the default)")
     ap.add_argument("--rounds", type=int, default=None, help="override the number of A/B rounds")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--inprocess", action="store_true", default=None,
@@ -512,7 +524,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    run_text(a.size, a.rounds, not a.no_profile, a.inprocess, log, a.out)
+    if a.only in ("text", "all"):
+        run_text(a.size, a.rounds, not a.no_profile, a.inprocess, log, a.out)
+    if a.only in ("vision", "all"):
+        from benchmarks.run_vision import run_vision
+
+        run_vision(a.size, a.rounds, not a.no_profile, a.inprocess, log, a.out)
     return 0
 
 

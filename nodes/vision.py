@@ -26,6 +26,8 @@ checked from the header *before* decoding) follow the dataset's ``on_error``.
 
 from __future__ import annotations
 
+import functools
+
 import io
 import itertools
 import math
@@ -43,7 +45,7 @@ from zephon.worksource import WorkItem
 from .tokenize import FetchTokenize, TokDoc
 
 __all__ = ["VisionConfig", "ImageError", "MMDoc", "FetchVision", "decode_image", "smart_resize",
-           "preprocess_image", "patchify", "mrope_positions", "SPECIAL_NAMES"]
+           "preprocess_image", "preprocess_patches", "patchify", "mrope_positions", "SPECIAL_NAMES"]
 
 SPECIAL_NAMES = ("image", "video", "vision_start", "vision_end")
 
@@ -224,6 +226,61 @@ def patchify(img: np.ndarray, patch_size: int, temporal_patch_size: int, merge_s
     return patches, np.array([1, H // ps, W // ps], dtype=np.int64)
 
 
+@functools.lru_cache(maxsize=16)
+def _normalise_lut(mean: Tuple[float, ...], std: Tuple[float, ...]) -> np.ndarray:
+    """``(3 * 256,)`` float32: channel ``c``, byte ``v`` -> ``(v / 255 - mean[c]) / std[c]``, computed
+    with the same float32 operations, in the same order, as :func:`preprocess_image`."""
+    v = np.arange(256, dtype=np.float32) * np.float32(1.0 / 255.0)
+    out = np.empty((3, 256), np.float32)
+    for c in range(3):
+        x = v.copy()
+        x -= np.float32(mean[c])
+        x /= np.float32(std[c])
+        out[c] = x
+    out.setflags(write=False)
+    return out.reshape(-1)
+
+
+def preprocess_patches(data: bytes, cfg: VisionConfig) -> Tuple[np.ndarray, np.ndarray]:
+    """``patchify(preprocess_image(data, cfg), ...)`` bit for bit, about twice as fast after decoding.
+
+    Why: normalising a float32 ``(H, W, 3)`` image costs three broadcast passes and patchify a
+    fourth copy; here the resized image stays uint8 while it is cut into patches, and one table
+    lookup per byte (the table holds the exact float32 result for each byte and channel) writes
+    the normalised patches. The worker's hot path uses this; the two-step functions remain the
+    readable reference, and the tests check both give the same bytes.
+
+    >>> import io
+    >>> from PIL import Image
+    >>> buf = io.BytesIO(); Image.new("RGB", (100, 50), (255, 0, 0)).save(buf, "PNG")
+    >>> v = VisionConfig(min_pixels=1024, max_pixels=4096)
+    >>> p, g = preprocess_patches(buf.getvalue(), v)
+    >>> ref, _ = patchify(preprocess_image(buf.getvalue(), v), 16, 2, 2)
+    >>> p.shape, g.tolist(), bool(np.array_equal(p, ref))
+    ((8, 1536), [1, 2, 4], True)
+    """
+    from PIL import Image
+
+    im = decode_image(data, cfg.max_image_pixels)
+    tw, th = cfg.target_size(*im.size)
+    if (tw, th) != im.size:
+        im = im.resize((tw, th), Image.Resampling.BICUBIC)
+    u8 = np.asarray(im)
+    H, W, C = u8.shape
+    ps, ts, m = cfg.patch_size, cfg.temporal_patch_size, cfg.merge_size
+    if H % (ps * m) or W % (ps * m):
+        raise ValueError(f"image {H}x{W} is not a multiple of patch_size * merge_size = {ps * m}")
+    bh, bw = H // (ps * m), W // (ps * m)
+    n = bh * bw * m * m
+    idx = np.empty((n, C, ps * ps), np.uint16)  # byte + 256 * channel, in patch order
+    idx[...] = u8.reshape(bh, m, ps, bw, m, ps, C).transpose(0, 3, 1, 4, 6, 2, 5).reshape(n, C, ps * ps)
+    idx += (np.arange(C, dtype=np.uint16) * 256)[None, :, None]
+    one = np.take(_normalise_lut(tuple(cfg.mean), tuple(cfg.std)), idx)  # (n, C, ps*ps) float32
+    out = np.empty((n, C, ts, ps * ps), np.float32)
+    out[...] = one[:, :, None, :]  # the image repeated to temporal_patch_size frames
+    return out.reshape(n, C * ts * ps * ps), np.array([1, H // ps, W // ps], dtype=np.int64)
+
+
 def mrope_positions(tokens: np.ndarray, image_id: int, grids: np.ndarray, merge_size: int) -> np.ndarray:
     """3D (t, h, w) rotary positions ``(n, 3)`` of one document, as TorchTitan's collator builds
     them: text tokens count up on all three axes; an image's placeholder run gets its merged
@@ -361,12 +418,10 @@ class FetchVision(ProcessLocal):
                         texts.append(seg)
                     else:
                         try:
-                            img = preprocess_image(seg, self.vision)
+                            segs.append(("i", preprocess_patches(seg, self.vision)))
                         except ImageError as e:
                             n_img = sum(1 for x in rec.segments[:j] if not isinstance(x, str))
                             raise ImageError(f"{e} (image #{n_img + 1} of the sample)") from None
-                        segs.append(("i", patchify(img, self.vision.patch_size, self.vision.temporal_patch_size,
-                                                   self.vision.merge_size)))
             except ImageError as e:
                 out[i] = self._bad(it, rec, str(e))
                 continue
@@ -415,7 +470,10 @@ class FetchVision(ProcessLocal):
                 return self._skip(it, f"sample too long: {n} tokens with images ending at token {last_image_end}, "
                                   f"more than seq_len + 1 = {self.row_len}; raise seq_len or lower [vision].max_pixels")
             tokens = tokens[: self.row_len]  # cut the text after the last image
-        pix = np.concatenate(patches) if patches else np.zeros((0, v.patch_dim), np.float32)
+        if len(patches) == 1:
+            pix = patches[0]  # no copy for the common one-image sample
+        else:
+            pix = np.concatenate(patches) if patches else np.zeros((0, v.patch_dim), np.float32)
         grid = np.stack(grids) if grids else np.zeros((0, 3), np.int64)
         mrope = mrope_positions(tokens, sp["image"], grid, v.merge_size) if v.mrope else None
         return MMDoc(tokens, it.dataset, it, pix, grid, mrope)
