@@ -45,11 +45,13 @@ work has none; zephon `[shuffle] buffer = 1`). What differs:
   tar file, so no sample comes twice). The limit: N threads calling `Image.open(bytes).convert("RGB")`
   on images already in memory (decode only: no resize, no normalisation, no patches, no tokens,
   no batches). The work reference: the same N threads doing the whole per-image work (decode,
-  resize, normalise, patchify, caption tokens) with the plain code Grain uses, no packing or batching.
-- **Image code.** zephon: `zephon.nodes.vision` (Pillow decode + EXIF transpose, Pillow bicubic
-  resize, numpy float32 normalise and patchify). Grain: the same steps written plainly in
-  `benchmarks/vision_contenders.py::preprocess` (Pillow + numpy, no EXIF transpose; the corpus has
-  no EXIF orientation). TorchTitan: its own `process_image` (uint8 -> torch, bicubic antialiased
+  resize, normalise, patchify, caption tokens) with the image function zephon and Grain use, no
+  packing or batching.
+- **Image code.** zephon and Grain (and the work reference) call the same function,
+  `zephon.nodes.vision.preprocess_patches` (Pillow decode + EXIF transpose, Pillow bicubic resize,
+  uint8 patchify, then one exact float32 table lookup per byte for the normalisation; bit-identical
+  to normalising in float32 then patchifying, at about half the cost of those two steps), so the
+  ratios measure the loaders, not two implementations of the image work. TorchTitan: its own `process_image` (uint8 -> torch, bicubic antialiased
   `interpolate` on uint8, float32, normalise) on PIL images decoded by `datasets`' `Image` feature,
   and `vision_to_patches` (einops) in its collator. torchvision is not installed (the only
   torchvision 0.28 wheel on PyPI is a CUDA build that does not load with this CPU torch), so the

@@ -109,48 +109,33 @@ def batch_stats(batch: Any) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
 
 
 # --------------------------------------------------------------------------- shared pieces
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> Tuple[int, int]:
-    """Qwen-VL's pixel budget (the same arithmetic as TorchTitan's ``resize_to_pixel_budget``)."""
-    import math
-
-    if height < factor or width < factor:
-        scale = max(factor / width, factor / height)
-        width, height = int(width * scale), int(height * scale)
-    h_bar = max(round(height / factor) * factor, factor)
-    w_bar = max(round(width / factor) * factor, factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(math.floor(height / beta / factor) * factor, factor)
-        w_bar = max(math.floor(width / beta / factor) * factor, factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
 def preprocess(data: bytes, s: VSettings) -> Tuple[np.ndarray, np.ndarray]:
-    """Decode, resize, normalise, patchify one image the plain way (Pillow + numpy), as a Grain
-    user would write it: (patches float32 [N, patch_dim] in block order, grid_thw int64 [3])."""
-    from PIL import Image
+    """Decode, resize, normalise, patchify one image: (patches float32 [N, patch_dim] in block
+    order, grid_thw int64 [3]).
 
-    im = Image.open(io.BytesIO(data))
-    if im.mode != "RGB":
-        im = im.convert("RGB")
-    f = s.patch_size * s.merge_size
-    h, w = smart_resize(im.height, im.width, f, s.min_pixels, s.max_pixels)
-    if (w, h) != im.size:
-        im = im.resize((w, h), Image.Resampling.BICUBIC)
-    x = np.asarray(im, dtype=np.float32)
-    x *= np.float32(1.0 / 255.0)
-    x -= np.asarray(s.mean, dtype=np.float32)
-    x /= np.asarray(s.std, dtype=np.float32)
-    ps, ts, m = s.patch_size, s.temporal_patch_size, s.merge_size
-    bh, bw = h // f, w // f
-    x = np.broadcast_to(x[None], (ts, h, w, 3)).reshape(1, ts, bh, m, ps, bw, m, ps, 3)
-    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)  # t bh bw m n c pt ph pw
-    patches = np.ascontiguousarray(x.reshape(bh * bw * m * m, 3 * ts * ps * ps))
-    return patches, np.array([1, h // ps, w // ps], dtype=np.int64)
+    Grain's map and the work reference call the very function zephon's workers call
+    (:func:`zephon.nodes.vision.preprocess_patches`, a plain function any Grain user can import),
+    so the ratios measure the loaders, not two implementations of the image work. (The plain
+    numpy way, float32 normalise then patchify, gives the same bytes at about twice the cost of
+    those two steps; TorchTitan runs its own code.)"""
+    from zephon.nodes.vision import preprocess_patches
+
+    return preprocess_patches(data, _vision_config(s))
+
+
+_CONFIGS: Dict[Any, Any] = {}
+
+
+def _vision_config(s: VSettings):
+    from zephon.nodes.vision import VisionConfig
+
+    key = (s.patch_size, s.temporal_patch_size, s.merge_size, s.min_pixels, s.max_pixels, tuple(s.mean), tuple(s.std))
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        cfg = _CONFIGS[key] = VisionConfig(patch_size=s.patch_size, temporal_patch_size=s.temporal_patch_size,
+                                           merge_size=s.merge_size, min_pixels=s.min_pixels, max_pixels=s.max_pixels,
+                                           mean=tuple(s.mean), std=tuple(s.std), mrope=False)
+    return cfg
 
 
 class WdsSource:
