@@ -23,7 +23,7 @@ def stack_rows(rows: Sequence[Any]) -> Any:
     if isinstance(first, dict):
         return {k: stack_rows([r[k] for r in rows]) for k in first}
     if isinstance(first, np.ndarray):
-        return np.stack(rows)
+        return first[None] if len(rows) == 1 else np.stack(rows)  # one row: a view, no copy
     if isinstance(first, (int, float, np.integer, np.floating)):
         return np.asarray(rows)
     return list(rows)
