@@ -140,10 +140,10 @@ def write_report(data: Dict[str, Any], stem: str) -> str:
     L.append(f"# zephon text benchmark: `{data['size']}`\n")
     L.append(f"Produced by `python benchmarks/run.py --size {data['size']}` in {data['wall_s']:.0f} s"
              f"{' (in-process smoke run: peak RSS is the whole process)' if data.get('inprocess') else ''}.\n")
-    L.append("**The machine was shared**: other processes (test suites of colleagues) ran at the same time. "
-             f"Load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_start'])}, at the end "
-             f"{', '.join(f'{x:.2f}' for x in m['loadavg_end'])} (on {m['cores']} cores). Absolute numbers are "
-             "therefore noisy and low; each round runs every contender back to back in alternating order "
+    L.append("**Noise**: this is a small shared VM; the same run repeated varies by up to ±20% in absolute "
+             f"speed. Load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_start'])}, at the end "
+             f"{', '.join(f'{x:.2f}' for x in m['loadavg_end'])} (on {m['cores']} cores; the benchmark's own runs use "
+             "up to all of them, so a load near the core count is the benchmark itself). Each round runs every contender back to back in alternating order "
              "(A B C ... then ... C B A) and ratios are the median of per-round ratios, so most of the noise "
              "cancels in the ratios.\n")
     L.append("## Machine, versions, settings\n")

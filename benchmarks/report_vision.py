@@ -144,12 +144,13 @@ def write_vision_report(data: Dict[str, Any], stem: str) -> str:
     L.append(f"Produced by `python benchmarks/run.py --only vision --size {data['size']}` in {data['wall_s']:.0f} s"
              f"{' (in-process smoke run: peak RSS is the whole process)' if data.get('inprocess') else ''}.\n")
     loads = [r.get("loadavg_1m") for r in data["throughput"] if r.get("loadavg_1m") is not None]
-    L.append("**The machine was shared**: other processes (test suites of colleagues) ran at the same time. "
-             f"Load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_start'])}, at the end "
+    L.append("**Noise**: this is a small shared VM; the same run repeated varies by up to ±20% in absolute "
+             f"speed. Load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_start'])}, at the end "
              f"{', '.join(f'{x:.2f}' for x in m['loadavg_end'])} (on {m['cores']} cores)"
              + (f"; 1-minute load when each run started: median {_med(loads):.2f}, range {min(loads):.2f}-"
                 f"{max(loads):.2f}" if loads else "")
-             + ". Absolute numbers are therefore noisy and low; each round runs every contender between two "
+             + " (the benchmark's own runs use up to all cores, so a load near the core count is the benchmark "
+             "itself). Each round runs every contender between two "
              "zephon runs in alternating order and ratios are the median of per-round ratios, so most of the "
              "noise cancels in the ratios.\n")
 

@@ -52,7 +52,7 @@ PLANS: Dict[str, Dict[str, Any]] = {
               "restore_repeats": 1, "lanes": [8, 16], "lanes_batch": 16, "lanes_steps": 2, "lanes_rounds": 1,
               "wait_steps": 10, "wait_ms": 20, "profile": False, "titan_extra": False,
               "bracket": False},
-    "small": {"rounds": 2, "threads": [1, 2], "steps": 64, "warmup": 64, "lanes_warmup": 16, "shuffle_rows": 64, "restore_steps": [10, 1000, 10000],
+    "small": {"rounds": 3, "threads": [1, 2], "steps": 256, "warmup": 64, "lanes_warmup": 16, "shuffle_rows": 64, "restore_steps": [10, 1000, 10000],
               "restore_repeats": 3, "lanes": [8, 64, 256], "lanes_batch": 256, "lanes_steps": 16, "lanes_rounds": 1,
               "lanes_threads": [2],
               "wait_steps": 160, "wait_ms": 50, "profile": True, "titan_extra": True},
