@@ -120,3 +120,25 @@ def test_needs_one_function():
     with pytest.raises(ValueError, match="exactly one"):
         OrderedMapper(RangeSource(3))
     assert "workers=2 thread" in repr(OrderedMapper(RangeSource(3), slow_square, workers=WorkerConfig(2)))
+
+
+def test_lane_in_flight_budget():
+    """The pulled lane may keep every worker busy (2 chunks per worker); the rank's lanes together
+    stay near ``per_worker`` chunks per worker; never below 2 per lane, 1 when inline."""
+    from zephon.lanes import LaneContext
+
+    def mif(count, lanes, per_worker=16):
+        return LaneContext(seed=0, lane=0, lanes=lanes, workers=WorkerConfig(count, "thread"),
+                           lanes_on_rank=lanes).max_in_flight(per_worker=per_worker)
+
+    assert mif(0, 8) == 1
+    assert mif(2, 8) == 4  # was 2: workers idled while one lane refilled its shuffle window
+    assert mif(1, 8) == 2
+    assert mif(16, 4) == 32 and mif(16, 4, per_worker=8) == 32 and mif(16, 8, per_worker=8) == 16
+    assert mif(2, 4, per_worker=8) == 4
+    assert mif(2, 256) == 2 and mif(16, 256, per_worker=8) == 2
+    for count in (1, 2, 4, 16):
+        for lanes in (1, 4, 8, 64, 256):
+            for pw in (8, 16):
+                assert 2 <= mif(count, lanes, pw) <= max(2, 2 * count)
+                assert lanes * mif(count, lanes, pw) <= max(2 * lanes, pw * count + lanes)

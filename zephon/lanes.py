@@ -86,10 +86,11 @@ class LaneContext:
         """The rank's shared pool for ``config`` (default: the recipe's workers); None = inline."""
         return self.pools.get(config or self.workers)
 
-    def max_in_flight(self, config: Optional[WorkerConfig] = None) -> int:
+    def max_in_flight(self, config: Optional[WorkerConfig] = None, per_worker: int = 16) -> int:
         """Per-lane pending tasks: the lane being pulled keeps every worker of the shared pool busy
         (two chunks per worker, so a worker never idles while the consumer collects a result),
-        capped so that all the lanes of a rank together hold about 16 chunks per worker.
+        capped so that all the lanes of a rank together hold about ``per_worker`` chunks per
+        worker (results held in flight are memory: the vision path passes fewer).
 
         Lanes are pulled one at a time (a shuffle window refills many chunks of one lane), so a
         budget split evenly over lanes left workers idle: measured 88% busy at 2 workers and
@@ -97,7 +98,7 @@ class LaneContext:
         count = (config or self.workers).count
         if count == 0:
             return 1
-        return max(2, min(2 * count, math.ceil(16 * count / max(1, self.lanes_on_rank))))
+        return max(2, min(2 * count, math.ceil(per_worker * count / max(1, self.lanes_on_rank))))
 
 
 def collate(items: Sequence[Any]) -> Any:

@@ -675,8 +675,12 @@ class Recipe:
                                  phase=(ctx.lane * self.shuffle_buffer) // self.lanes)
         return Batch(node, batch_size=self.rows_per_lane)
 
-    def _lane_front(self, ctx: LaneContext, p: _Prepared, wc: WorkerConfig, chunk: int, name: str):
-        """WorkSource -> OrderedMapper(p.fetch) -> SkipCounter, shared by text and VLM lanes; and the pad id."""
+    def _lane_front(self, ctx: LaneContext, p: _Prepared, wc: WorkerConfig, chunk: int, name: str,
+                    per_worker: int = 16):
+        """WorkSource -> OrderedMapper(p.fetch) -> SkipCounter, shared by text and VLM lanes; and the pad id.
+
+        ``per_worker``: chunks a rank's lanes may hold in flight per worker (text chunks are tens of
+        KB of token ids; image chunks tens of MB of patches, so the vision path passes less)."""
         from zephon.nodes import SkipCounter
 
         if wc.count > 0:
@@ -686,7 +690,7 @@ class Recipe:
             set_tokenizers_parallelism(False)
         node: Any = LaneWorkSource(p.plan, ctx.lane)
         node = OrderedMapper(node, batch_fn=p.fetch, workers=wc, pool=ctx.pool(wc), chunk_size=chunk,
-                             max_in_flight=ctx.max_in_flight(wc), lane=ctx.lane, name=name)
+                             max_in_flight=ctx.max_in_flight(wc, per_worker), lane=ctx.lane, name=name)
         node = SkipCounter(node, dataset_names=[s.name for s in self.datasets], lanes=self.lanes,
                            max_skipped=[s.max_skipped for s in self.datasets],
                            max_fraction=[s.max_skipped_fraction for s in self.datasets],
@@ -699,7 +703,7 @@ class Recipe:
         from zephon.nodes import MMPack, WindowShuffle
 
         node, pad = self._lane_front(ctx, p, self.vision_workers or self.tokenize_workers or ctx.workers,
-                                     self.vision_chunk_size, "fetch+vision")
+                                     self.vision_chunk_size, "fetch+vision", per_worker=8)
         node = MMPack(node, seq_len=self.seq_len, rows=self.rows_per_lane, patch_dim=self.vision.patch_dim,
                       max_images_per_batch=self.vision.max_images_per_batch,
                       max_images_per_row=self.vision.max_images_per_row, flush_every=self.pack_flush_every,
