@@ -272,6 +272,8 @@ class LaneWorkSource(ZNode[WorkItem]):
         return sum(self._est_tokens(d, self.bytes[d], self.count[d]) for d in range(len(self.plan.datasets)))
 
     def _maybe_advance_phase(self) -> None:
+        if len(self.plan.schedule.phases) == 1:
+            return  # one phase: nothing to advance (skips a per-record sum over datasets)
         step = self.estimated_tokens() / self.plan.tokens_per_step if self.plan.tokens_per_step > 0 else 0.0
         phase = self.plan.schedule.phase_at(step)
         if phase != self.phase:
