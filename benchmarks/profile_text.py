@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 # imports and the benchmark's own memory sampler are not the loader's work
 _DROP = ("_find_and_load", "RssSampler", "psutil/")
@@ -36,11 +36,9 @@ def _short(frame: str) -> str:
     return f"{m.group('fn')} ({f})"
 
 
-def summarise(raw_path: str, top: int = 15) -> Dict[str, Any]:
-    threads: Dict[str, int] = collections.Counter()
-    self_c: Dict[str, int] = collections.Counter()
-    incl: Dict[str, int] = collections.Counter()
-    total = 0
+def samples(raw_path: str) -> Iterator[Tuple[str, List[str], int]]:
+    """(thread name, frames outermost first, sample count) of each stack in a py-spy raw file;
+    imports and the harness's own sampler are left out."""
     with open(raw_path) as f:
         for line in f:
             line = line.rstrip("\n")
@@ -48,23 +46,30 @@ def summarise(raw_path: str, top: int = 15) -> Dict[str, Any]:
                 continue
             stack, _, n = line.rpartition(" ")
             try:
-                n = int(n)
+                count = int(n)
             except ValueError:
                 continue
-            frames = stack.split(";")
             if any(x in stack for x in _DROP):
                 continue
-            thread = frames[0]
-            frames = frames[1:]
-            if thread.startswith("process "):  # --subprocesses adds a process frame
+            frames = stack.split(";")
+            thread, frames = frames[0], frames[1:]
+            if thread.startswith("process ") and frames:  # --subprocesses adds a process frame
                 thread, frames = frames[0], frames[1:]
-            tname = thread.split(": ", 1)[1] if ": " in thread else "(unnamed thread)"
-            threads[tname] += n
-            total += n
-            if frames:
-                self_c[_short(frames[-1])] += n
-                for fr in set(_short(x) for x in frames):
-                    incl[fr] += n
+            yield (thread.split(": ", 1)[1] if ": " in thread else "(unnamed thread)"), frames, count
+
+
+def summarise(raw_path: str, top: int = 15) -> Dict[str, Any]:
+    threads: Dict[str, int] = collections.Counter()
+    self_c: Dict[str, int] = collections.Counter()
+    incl: Dict[str, int] = collections.Counter()
+    total = 0
+    for tname, frames, n in samples(raw_path):
+        threads[tname] += n
+        total += n
+        if frames:
+            self_c[_short(frames[-1])] += n
+            for fr in set(_short(x) for x in frames):
+                incl[fr] += n
     pct = lambda c: round(100.0 * c / total, 1) if total else 0.0  # noqa: E731
     return {
         "samples": total,

@@ -17,7 +17,6 @@ import collections
 import json
 import linecache
 import os
-import re
 import shutil
 import sys
 from typing import Any, Dict
@@ -27,9 +26,8 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.profile_text import _DROP, _short, summarise  # noqa: E402
+from benchmarks.profile_text import _FRAME, _short, samples, summarise  # noqa: E402
 
-_FRAME = re.compile(r"^(?P<fn>.*?) \((?P<file>[^():]*?)(?::(?P<line>\d+))?\)$")
 
 
 def summarise_lines(raw_path: str, top: int = 15) -> Dict[str, Any]:
@@ -38,32 +36,18 @@ def summarise_lines(raw_path: str, top: int = 15) -> Dict[str, Any]:
     lines: Dict[str, int] = collections.Counter()
     src: Dict[str, str] = {}
     total = 0
-    with open(raw_path) as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if not line:
-                continue
-            stack, _, n = line.rpartition(" ")
-            try:
-                n = int(n)
-            except ValueError:
-                continue
-            if any(x in stack for x in _DROP):
-                continue
-            frames = stack.split(";")[1:]
-            if frames and frames[0].startswith("process "):
-                frames = frames[1:]
-            total += n
-            if not frames:
-                continue
-            last = frames[-1].strip()
-            m = _FRAME.match(last)
-            key = last
-            if m and m.group("line"):
-                key = f"{_short(last)[:-1]}:{m.group('line')})"
-                if key not in src:
-                    src[key] = linecache.getline(m.group("file"), int(m.group("line"))).strip()
-            lines[key] += n
+    for _, frames, n in samples(raw_path):
+        total += n
+        if not frames:
+            continue
+        last = frames[-1].strip()
+        m = _FRAME.match(last)
+        key = last
+        if m and m.group("line"):
+            key = f"{_short(last)[:-1]}:{m.group('line')})"
+            if key not in src:
+                src[key] = linecache.getline(m.group("file"), int(m.group("line"))).strip()
+        lines[key] += n
     pct = lambda c: round(100.0 * c / total, 1) if total else 0.0  # noqa: E731
     return {"lines": [(k, src.get(k, ""), pct(c)) for k, c in lines.most_common(top)]}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -295,14 +295,24 @@ def write_report(data: Dict[str, Any], stem: str) -> str:
             L.append(f"### {t} worker thread(s): {prof['samples']} samples, "
                      f"{prof['tokens_per_s_under_profiler'] / 1e6:.3f} M tokens/s under the profiler\n")
             L.append("Threads: " + ", ".join(f"{n} {p}%" for n, p in prof["threads"]) + "\n")
-            L.append("| self % | function | | inclusive % | function |")
-            L.append("|---|---|---|---|---|")
-            for (fs, ps), (fi, pi) in zip(prof["self"][:12], prof["inclusive"][:12]):
-                L.append(f"| {ps} | `{fs}` | | {pi} | `{fi}` |")
-            L.append("")
+            L.extend(profile_table(prof))
 
+    return finish_report(L, data, stem, DIFFERENCES, lambda png: plot(data, A, png))
+
+
+def profile_table(prof: Dict[str, Any], top: int = 12) -> List[str]:
+    """Markdown rows: the top functions of a py-spy summary by self and by inclusive samples."""
+    L = ["| self % | function | | inclusive % | function |", "|---|---|---|---|---|"]
+    for (fs, ps), (fi, pi) in zip(prof["self"][:top], prof["inclusive"][:top]):
+        L.append(f"| {ps} | `{fs}` | | {pi} | `{fi}` |")
+    return L + [""]
+
+
+def finish_report(L: List[str], data: Dict[str, Any], stem: str, differences: str,
+                  plot_png: Callable[[str], None]) -> str:
+    """Append what differs (and the contenders' notes), write ``stem``.md / .json / .png."""
     L.append("## What differs between the contenders\n")
-    L.append(DIFFERENCES)
+    L.append(differences)
     notes = {n for r in data["throughput"] for n in r.get("notes", [])}
     for n in sorted(notes):
         L.append(f"- note: {n}")
@@ -312,7 +322,7 @@ def write_report(data: Dict[str, Any], stem: str) -> str:
     with open(stem + ".json", "w") as f:
         json.dump(data, f, indent=1, default=str)
     try:
-        plot(data, A, stem + ".png")
+        plot_png(stem + ".png")
     except ImportError as e:
         with open(md, "a") as f:
             f.write(f"\n(no plot: {e}; pip install matplotlib)\n")

@@ -13,7 +13,7 @@ import numpy as np
 if __name__ == "__main__":  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.report import _bracket, _f, _med  # noqa: E402
+from benchmarks.report import _bracket, _f, _med, finish_report, profile_table  # noqa: E402
 
 ORDER = ["zephon", "zephon_proc", "grain_threads", "grain_mp", "titan", "limit", "work"]
 SHORT = {"zephon": "zephon", "zephon_proc": "zephon proc", "grain_threads": "Grain thr", "grain_mp": "Grain mp",
@@ -311,28 +311,9 @@ def write_vision_report(data: Dict[str, Any], stem: str) -> str:
             for fn, src, q in prof.get("lines", [])[:15]:
                 L.append(f"| {q} | `{fn}` | `{src.replace('|', '/')}` |")
             L.append("")
-            L.append("| self % | function | | inclusive % | function |")
-            L.append("|---|---|---|---|---|")
-            for (fs, ps), (fi, pi) in zip(prof["self"][:12], prof["inclusive"][:12]):
-                L.append(f"| {ps} | `{fs}` | | {pi} | `{fi}` |")
-            L.append("")
+            L.extend(profile_table(prof))
 
-    L.append("## What differs between the contenders\n")
-    L.append(DIFFERENCES)
-    notes = {n for r in data["throughput"] for n in r.get("notes", [])}
-    for n in sorted(notes):
-        L.append(f"- note: {n}")
-    md = stem + ".md"
-    with open(md, "w") as f:
-        f.write("\n".join(L) + "\n")
-    with open(stem + ".json", "w") as f:
-        json.dump(data, f, indent=1, default=str)
-    try:
-        plot(data, A, stem + ".png")
-    except ImportError as e:
-        with open(md, "a") as f:
-            f.write(f"\n(no plot: {e}; pip install matplotlib)\n")
-    return md
+    return finish_report(L, data, stem, DIFFERENCES, lambda png: plot(data, A, png))
 
 
 def rewrite(json_path: str) -> str:

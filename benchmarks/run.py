@@ -380,6 +380,7 @@ def med(xs: List[float]) -> Optional[float]:
 
 def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Optional[bool], log,
              out_dir: Optional[str] = None) -> str:
+    from benchmarks.common import bracketed_rounds
     from benchmarks.corpus import DATA, text_corpus
     from zephon.demo import TOKENIZER_DIR
 
@@ -429,24 +430,10 @@ def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Opti
         else:
             raw.append({"contender": c, "threads": threads, "round": rnd, "slot": slot, "error": res["error"]})
 
-    # each other contender runs between two zephon runs (Z X1 Z X2 Z ... Z), the order of the
-    # others reversed every round: its ratio uses the zephon runs right before and after it
     others = [c for c in contenders if c != "zephon"] + ["limit"]
-    for rnd in range(plan["rounds"]):
-        for threads in plan["threads"]:
-            xs = others + (["titan_nw2"] if plan["titan_extra"] and "titan" in contenders
-                           and threads == max(plan["threads"]) else [])
-            if rnd % 2:
-                xs = xs[::-1]
-            slot = 0
-            if "zephon" in contenders:
-                measure("zephon", threads, rnd, slot)
-            for c in xs:
-                slot += 1
-                measure(c, threads, rnd, slot)
-                if "zephon" in contenders and plan.get("bracket", True):
-                    slot += 1
-                    measure("zephon", threads, rnd, slot)
+    extra = ["titan_nw2"] if plan["titan_extra"] and "titan" in contenders else []
+    bracketed_rounds(plan, "zephon" in contenders,
+                     lambda rnd, threads: others + (extra if threads == max(plan["threads"]) else []), measure)
 
     # ---------------------------------------------------------------- zephon: restore
     log("  zephon restore vs step ...")

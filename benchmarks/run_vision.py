@@ -129,6 +129,7 @@ VWORKERS = {"vthroughput": w_vthroughput, "vlimit": w_vlimit}
 def run_vision(size: str, rounds: Optional[int], do_profile: bool, inprocess: Optional[bool], log,
                out_dir: Optional[str] = None) -> str:
     from benchmarks.corpus import DATA, vision_corpus, vl_tokenizer
+    from benchmarks.common import bracketed_rounds
     from benchmarks.run import HERE, Runner, machine, versions
     from benchmarks.vision_contenders import VSettings
 
@@ -185,19 +186,8 @@ def run_vision(size: str, rounds: Optional[int], do_profile: bool, inprocess: Op
             raw.append({"contender": c, "threads": threads, "round": rnd, "slot": slot, "error": res["error"]})
 
     others = [c for c in contenders if c != "zephon"] + VREFS
-    for rnd in range(plan["rounds"]):
-        for threads in plan["threads"]:
-            xs = [c for c in others if rnd == 0 or c not in plan.get("once", [])]
-            xs = xs[::-1] if rnd % 2 else xs
-            slot = 0
-            if "zephon" in contenders:
-                measure("zephon", threads, rnd, slot)
-            for c in xs:
-                slot += 1
-                measure(c, threads, rnd, slot)
-                if "zephon" in contenders and plan.get("bracket", True):
-                    slot += 1
-                    measure("zephon", threads, rnd, slot)
+    bracketed_rounds(plan, "zephon" in contenders,
+                     lambda rnd, threads: [c for c in others if rnd == 0 or c not in plan.get("once", [])], measure)
 
     profiles: Dict[int, Any] = {}
     if plan["profile"] and do_profile and "zephon" in contenders:

@@ -412,8 +412,6 @@ def limit_tokens_per_s(s: Settings, threads: int, target_tokens: int,
                        cpu: Optional[Callable[[], float]] = None) -> Dict[str, float]:
     """``encode_batch_fast`` alone over the corpus's documents (already parsed, in memory), in
     chunks of ``CHUNK``, on ``threads`` threads, until ``target_tokens`` tokens (BOS/EOS counted)."""
-    import concurrent.futures as cf
-    import time
 
     texts: List[str] = []
     for f in s.files:
@@ -426,28 +424,8 @@ def limit_tokens_per_s(s: Settings, threads: int, target_tokens: int,
     def work(c):
         return sum(len(a) for a in enc(c))
 
-    total = 0
-    with cf.ThreadPoolExecutor(threads) as ex:
-        c0 = cpu() if cpu else 0.0
-        t0 = time.perf_counter()
-        done = False
-        while not done:
-            # keep 4 chunks per thread in flight, in order, like a loader would
-            futs = []
-            for c in chunks:
-                futs.append(ex.submit(work, c))
-                if len(futs) >= 4 * threads:
-                    total += futs.pop(0).result()
-                    if total >= target_tokens:
-                        done = True
-                        break
-            for f in futs:
-                if not done:
-                    total += f.result()
-                    done = total >= target_tokens
-                else:
-                    f.cancel()
-        dt = time.perf_counter() - t0
-        c1 = cpu() if cpu else 0.0
+    from benchmarks.common import run_chunks
+
+    total, dt, cpu_s = run_chunks(work, chunks, threads, target_tokens, cpu)
     return {"tokens": total, "seconds": dt, "tokens_per_s": total / dt,
-            "cpu_s_per_mtok": (c1 - c0) / (total / 1e6) if cpu else None}
+            "cpu_s_per_mtok": cpu_s / (total / 1e6) if cpu_s is not None else None}

@@ -503,8 +503,6 @@ def limit_images_per_s(s: VSettings, threads: int, target_images: int, what: str
     caption's tokens (one ``encode_batch_fast`` per chunk) with no packing or batching.
     Chunks of ``s.chunk`` images on ``threads`` threads (4 chunks per thread in flight, in order),
     images already in memory, until ``target_images``."""
-    import concurrent.futures as cf
-    import time
 
     from PIL import Image
 
@@ -531,27 +529,8 @@ def limit_images_per_s(s: VSettings, threads: int, target_images: int, what: str
     fn = decode if what == "decode" else work
     chunks = [pairs[i:i + s.chunk] for i in range(0, len(pairs), s.chunk)]
     fn(chunks[0])  # warm
-    total = 0
-    with cf.ThreadPoolExecutor(threads) as ex:
-        c0 = cpu() if cpu else 0.0
-        t0 = time.perf_counter()
-        done = False
-        while not done:
-            futs = []
-            for c in chunks:
-                futs.append(ex.submit(fn, c))
-                if len(futs) >= 4 * threads:
-                    total += futs.pop(0).result()
-                    if total >= target_images:
-                        done = True
-                        break
-            for f in futs:
-                if not done:
-                    total += f.result()
-                    done = total >= target_images
-                else:
-                    f.cancel()
-        dt = time.perf_counter() - t0
-        c1 = cpu() if cpu else 0.0
+    from benchmarks.common import run_chunks
+
+    total, dt, cpu_s = run_chunks(fn, chunks, threads, target_images, cpu)
     return {"images": total, "seconds": dt, "images_per_s": total / dt,
-            "cpu_ms_per_image": 1000 * (c1 - c0) / total if cpu else None}
+            "cpu_ms_per_image": 1000 * cpu_s / total if cpu_s is not None else None}

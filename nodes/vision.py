@@ -181,6 +181,17 @@ def decode_image(data: bytes, max_image_pixels: int = 64_000_000):
     return im
 
 
+def _decode_resized(data: bytes, cfg: VisionConfig):
+    """The decoded RGB image resized (bicubic) to the pixel budget: the start of both image paths."""
+    from PIL import Image
+
+    im = decode_image(data, cfg.max_image_pixels)
+    tw, th = cfg.target_size(*im.size)
+    if (tw, th) != im.size:
+        im = im.resize((tw, th), Image.Resampling.BICUBIC)
+    return im
+
+
 def preprocess_image(data: bytes, cfg: VisionConfig) -> np.ndarray:
     """Decode, resize to the pixel budget (bicubic), normalise: float32 ``(H, W, 3)``.
 
@@ -191,13 +202,7 @@ def preprocess_image(data: bytes, cfg: VisionConfig) -> np.ndarray:
     >>> x.shape, x.dtype, x[0, 0].tolist()   # (0.5, 0.5, 0.5) mean and std: [-1, 1]
     ((32, 64, 3), dtype('float32'), [1.0, -1.0, -1.0])
     """
-    from PIL import Image
-
-    im = decode_image(data, cfg.max_image_pixels)
-    tw, th = cfg.target_size(*im.size)
-    if (tw, th) != im.size:
-        im = im.resize((tw, th), Image.Resampling.BICUBIC)
-    x = np.asarray(im, dtype=np.float32)
+    x = np.asarray(_decode_resized(data, cfg), dtype=np.float32)
     x *= np.float32(1.0 / 255.0)
     x -= np.asarray(cfg.mean, dtype=np.float32)
     x /= np.asarray(cfg.std, dtype=np.float32)
@@ -259,13 +264,7 @@ def preprocess_patches(data: bytes, cfg: VisionConfig) -> Tuple[np.ndarray, np.n
     >>> p.shape, g.tolist(), bool(np.array_equal(p, ref))
     ((8, 1536), [1, 2, 4], True)
     """
-    from PIL import Image
-
-    im = decode_image(data, cfg.max_image_pixels)
-    tw, th = cfg.target_size(*im.size)
-    if (tw, th) != im.size:
-        im = im.resize((tw, th), Image.Resampling.BICUBIC)
-    u8 = np.asarray(im)
+    u8 = np.asarray(_decode_resized(data, cfg))
     H, W, C = u8.shape
     ps, ts, m = cfg.patch_size, cfg.temporal_patch_size, cfg.merge_size
     if H % (ps * m) or W % (ps * m):

@@ -15,22 +15,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(ROOT, "benchmarks", "run.py")
 
 
+def run_smoke(out, half: str):
+    """``benchmarks/run.py --size smoke --only HALF`` into ``out``: (out, stdout)."""
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    p = subprocess.run([sys.executable, RUN, "--size", "smoke", "--only", half, "--out", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"benchmarks/run.py --only {half} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return out, p.stdout
+
+
+def assert_files(out, stem: str) -> None:
+    for ext in ("md", "json", "png"):
+        assert (out / f"{stem}.{ext}").exists(), f"{stem}.{ext} missing"
+    with open(out / f"{stem}.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench")
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    p = subprocess.run([sys.executable, RUN, "--size", "smoke", "--only", "text", "--out", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"benchmarks/run.py --size smoke failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    return out, p.stdout
+    return run_smoke(tmp_path_factory.mktemp("bench"), "text")
 
 
 def test_results_files_written(smoke):
     out, _ = smoke
-    for ext in ("md", "json", "png"):
-        assert (out / f"text_smoke.{ext}").exists(), f"text_smoke.{ext} missing"
-    with open(out / "text_smoke.png", "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert_files(out, "text_smoke")
 
 
 def test_markdown_is_well_formed(smoke):
@@ -73,20 +81,12 @@ def test_json_has_every_measurement(smoke):
 # --------------------------------------------------------------------------- vision half
 @pytest.fixture(scope="module")
 def vsmoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("vbench")
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    p = subprocess.run([sys.executable, RUN, "--size", "smoke", "--only", "vision", "--out", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"benchmarks/run.py --only vision failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    return out, p.stdout
+    return run_smoke(tmp_path_factory.mktemp("vbench"), "vision")
 
 
 def test_vision_results_files_written(vsmoke):
     out, _ = vsmoke
-    for ext in ("md", "json", "png"):
-        assert (out / f"vision_smoke.{ext}").exists(), f"vision_smoke.{ext} missing"
-    with open(out / "vision_smoke.png", "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert_files(out, "vision_smoke")
     assert not (out / "text_smoke.md").exists(), "--only vision ran the text half too"
 
 
