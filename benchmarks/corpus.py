@@ -26,7 +26,7 @@ DATA = os.path.join(HERE, ".data")
 
 def text_corpus(size: str) -> Dict[str, object]:
     """Generate (once) and describe the JSONL corpus of ``size``: dir, glob, files, bytes, docs."""
-    from zephon.synth import generate_documents, write_jsonl
+    from zephon.tools.synth import generate_documents, write_jsonl
 
     spec = SIZES[size]
     root = os.path.join(DATA, f"text_{size}")
@@ -133,7 +133,7 @@ def draw_image(seed: int, i: int, min_side: int, max_side: int) -> Dict[str, obj
 
 def captions(n: int, seed: int):
     """``n`` captions of 8-37 words: the start of synthetic web documents (``zephon.synth``)."""
-    from zephon.synth import generate_documents
+    from zephon.tools.synth import generate_documents
 
     out = []
     for j, doc in enumerate(generate_documents("web", n, seed)):
@@ -149,7 +149,7 @@ def vl_tokenizer() -> str:
 
     from tokenizers import AddedToken, Tokenizer
 
-    from zephon.demo import TOKENIZER_DIR
+    from zephon.tools.demo import TOKENIZER_DIR
 
     folder = os.path.join(DATA, "vl_tokenizer")
     if not os.path.exists(os.path.join(folder, "tokenizer.json")):
@@ -165,7 +165,7 @@ def vision_corpus(size: str) -> Dict[str, object]:
     """Generate (once) and describe the image-text corpus of ``size``: WebDataset ``.tar`` shards
     (``{key}.jpg`` or ``{key}.png`` + ``{key}.txt`` per sample) under ``.data/vision_<size>/``.
     Shard ``k`` holds images ``k * images .. (k + 1) * images - 1`` of seed 2000."""
-    from zephon.synth import write_wds
+    from zephon.tools.synth import write_wds
 
     spec = VISION_SIZES[size]
     root = os.path.join(DATA, f"vision_{size}")

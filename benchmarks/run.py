@@ -382,7 +382,7 @@ def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Opti
              out_dir: Optional[str] = None) -> str:
     from benchmarks.common import bracketed_rounds
     from benchmarks.corpus import DATA, text_corpus
-    from zephon.demo import TOKENIZER_DIR
+    from zephon.tools.demo import TOKENIZER_DIR
 
     plan = dict(PLANS[size])
     if rounds:

@@ -7,7 +7,7 @@ Operators use only zephon's public API, so a user's own operator is a first-clas
 Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 
     >>> import numpy as np
-    >>> from zephon.testing import ListSource
+    >>> from zephon.engine.testing import ListSource
     >>> docs = [TokDoc(np.arange(1, n + 1, dtype=np.int32), 0, None) for n in (5, 3, 6)]
     >>> batch = next(Batch(Pack(ListSource(docs), seq_len=4), batch_size=2))
     >>> batch["input"].tolist(), batch["document_ids"].tolist()
@@ -21,6 +21,7 @@ from .shuffle import WindowShuffle
 from .skips import SkipCounter
 from .tokenize import FetchTokenize, TokDoc
 from .vision import FetchVision, MMDoc, VisionConfig
+from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
 
-__all__ = ["Batch", "FetchTokenize", "FetchVision", "MMDoc", "MMPack", "Pack", "SkipCounter", "TokDoc", "VisionConfig",
-           "WindowShuffle"]
+__all__ = ["Batch", "DatasetPlan", "FetchTokenize", "FetchVision", "LaneWorkSource", "MMDoc", "MMPack", "POLICIES", "Pack",
+           "SkipCounter", "TokDoc", "VisionConfig", "WeightSchedule", "WindowShuffle", "WorkItem", "WorkPlan"]

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Sequence
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from zephon import Accumulator
+from zephon.engine import Accumulator
 
 __all__ = ["Batch", "stack_rows"]
 
@@ -34,7 +34,7 @@ class Batch(Accumulator):
 
     ``drop_last`` drops a final partial batch so every step has the same shape.
 
-    >>> from zephon.testing import RangeSource
+    >>> from zephon.engine.testing import RangeSource
     >>> [b.tolist() for b in Batch(RangeSource(7), batch_size=3)]
     [[0, 1, 2], [3, 4, 5]]
     """

@@ -38,7 +38,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from zephon import Accumulator
+from zephon.engine import Accumulator
 
 __all__ = ["MMPack", "IGNORE_INDEX"]
 
@@ -54,7 +54,7 @@ class MMPack(Accumulator):
 
     >>> import numpy as np
     >>> from zephon.nodes import MMDoc
-    >>> from zephon.testing import ListSource
+    >>> from zephon.engine.testing import ListSource
     >>> docs = [MMDoc(np.arange(1, 6, dtype=np.int32), 0, None), MMDoc(np.arange(1, 4, dtype=np.int32), 1, None)]
     >>> b = next(MMPack(ListSource(docs), seq_len=8, rows=1, patch_dim=12, max_images_per_batch=2, mrope=False))
     >>> b["input"].tolist(), b["labels"].tolist()

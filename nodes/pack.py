@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from zephon import Accumulator
+from zephon.engine import Accumulator
 
 __all__ = ["Pack", "ALGORITHMS", "IGNORE_INDEX"]
 

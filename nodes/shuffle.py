@@ -6,7 +6,7 @@ from typing import Any, Dict, List
 
 from torchdata.nodes import BaseNode
 
-from zephon import Accumulator, lane_rng
+from zephon.engine import Accumulator, lane_rng
 
 __all__ = ["WindowShuffle"]
 
@@ -20,7 +20,7 @@ class WindowShuffle(Accumulator):
     (unlike a reservoir buffer, nothing leaks across a checkpoint); a restore replays at most
     one window.
 
-    >>> from zephon.testing import RangeSource
+    >>> from zephon.engine.testing import RangeSource
     >>> out = list(WindowShuffle(RangeSource(8), buffer=4, seed=0, lane=0))
     >>> sorted(out[:4]), sorted(out[4:])   # each window of 4 is a permutation of its items
     ([0, 1, 2, 3], [4, 5, 6, 7])

@@ -7,8 +7,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from torchdata.nodes import BaseNode
 
-from zephon import StateError, ZNode
-from zephon.datasets import DataError
+from zephon.engine import StateError, ZNode
+from zephon.data.datasets import DataError
 
 __all__ = ["SkipCounter"]
 
@@ -35,8 +35,8 @@ class SkipCounter(ZNode[Any]):
 
     >>> import numpy as np
     >>> from zephon.nodes import TokDoc
-    >>> from zephon.testing import ListSource
-    >>> from zephon.worksource import WorkItem
+    >>> from zephon.engine.testing import ListSource
+    >>> from zephon.nodes.worksource import WorkItem
     >>> docs = [TokDoc(np.arange(3), 0, WorkItem(0, 0, 0, 0, 0)),
     ...         TokDoc(np.zeros(0), 0, WorkItem(0, 0, 1, 0, 1), skipped="unreadable caption (bad UTF-8)")]
     >>> node = SkipCounter(ListSource(docs), dataset_names=["web"])

@@ -14,10 +14,10 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from zephon.workers import ProcessLocal
-from zephon.datasets import BadRecord, DatasetIndex
-from zephon.tokenizer import TextTokenizer
-from zephon.worksource import WorkItem
+from zephon.engine import ProcessLocal
+from zephon.data.datasets import BadRecord, DatasetIndex
+from zephon.data.tokenizer import TextTokenizer
+from .worksource import WorkItem
 
 __all__ = ["TokDoc", "FetchTokenize", "ON_ERROR"]
 

@@ -37,10 +37,10 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from zephon.workers import ProcessLocal
-from zephon.datasets import BadRecord, DataError
-from zephon.datasets.errors import SKIP_HINT
-from zephon.worksource import WorkItem
+from zephon.engine import ProcessLocal
+from zephon.data.datasets import BadRecord, DataError
+from zephon.data.datasets.errors import SKIP_HINT
+from .worksource import WorkItem
 
 from .tokenize import FetchTokenize, TokDoc
 
@@ -324,7 +324,7 @@ class MMDoc(NamedTuple):
     packer can cite token ranges of the document (provenance).
 
     >>> import numpy as np
-    >>> from zephon.worksource import WorkItem
+    >>> from zephon.nodes.worksource import WorkItem
     >>> doc = MMDoc(np.arange(5, dtype=np.int32), 0, WorkItem(0, 1, 7, 0, 0))
     >>> doc.num_images, doc.provenance
     (0, 'dataset #0, shard #1, record 7 (epoch 0)')

@@ -42,8 +42,8 @@ LAUNCHER = os.path.join(TESTS, "titan_launcher.py")
 
 def write_small_recipe(root: str) -> str:
     """The small recipe of tests/test_titan.py: 8 lanes, seq_len 64, global batch 16 rows."""
-    from zephon.demo import DEMO_TOML, TOKENIZER_DIR
-    from zephon.synth import make_demo_corpus
+    from zephon.tools.demo import DEMO_TOML, TOKENIZER_DIR
+    from zephon.tools.synth import make_demo_corpus
 
     os.makedirs(root, exist_ok=True)
     make_demo_corpus(root, seed=0, scale=0.1)
@@ -148,7 +148,7 @@ def run_all(args) -> dict:
         recipe = write_small_recipe(data)
         hf_data = os.path.join(data, "web")
     elif args.recipe == "demo":
-        from zephon.demo import write_demo_recipe
+        from zephon.tools.demo import write_demo_recipe
 
         recipe = write_demo_recipe(os.path.join(work, "demo"))
         hf_data = os.path.join(work, "demo", "web")

@@ -11,5 +11,5 @@ fi
 python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null \
   || python -m pip install -q "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
-python -m pip install -q -e ".${extras:+[$extras]}" 2>&1 | grep -v "^WARNING: Location" || true
+PYTHONWARNINGS="ignore::UserWarning" python -m pip install -q -e ".${extras:+[$extras]}" 2>&1 | grep -v "^WARNING: Location" || true
 python -c "import zephon, zephon.nodes" 

@@ -6,7 +6,7 @@ import pytest
 
 from zephon import LaneContext
 from zephon.nodes import Batch, WindowShuffle
-from zephon.testing import RangeSource, ToyPacker, check_node, toy_lane
+from zephon.engine.testing import RangeSource, ToyPacker, check_node, toy_lane
 
 
 def test_toy_packer_restores_at_every_step():

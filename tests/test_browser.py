@@ -25,7 +25,7 @@ from PIL import Image  # noqa: E402
 
 from test_vision import vl_config, write_vl_root  # noqa: E402
 from zephon import Recipe  # noqa: E402
-from zephon.display import show  # noqa: E402
+from zephon.tools.display import show  # noqa: E402
 
 BOUNDARY_RGB = (0xE1, 0x1D, 0x48)  # the zp-boundary colour, #e11d48
 WIDTH, HEIGHT = 1000, 2400

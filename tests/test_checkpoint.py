@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 from zephon import StateError, decode_state, encode_state
-from zephon.checkpoint import MAX_ENTRY_BYTES, load_state, migrate, save_state
+from zephon.engine.checkpoint import MAX_ENTRY_BYTES, load_state, migrate, save_state
 
 
 def good():

@@ -21,8 +21,8 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon.datasets import BadRecord, DataError, DatasetIndex, ShardMeta, index_dataset
-from zephon.datasets._scan import LineScanner, line_number
+from zephon.data.datasets import BadRecord, DataError, DatasetIndex, ShardMeta, index_dataset
+from zephon.data.datasets._scan import LineScanner, line_number
 
 SKIP_TAIL = "To skip bad records instead, set on_error = \"skip\" for dataset '{}' in the recipe."
 

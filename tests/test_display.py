@@ -10,7 +10,7 @@ import pytest
 
 from text_fixtures import write_corpus, write_recipe
 from zephon import Recipe
-from zephon.display import provenance, show
+from zephon.tools.display import provenance, show
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from PIL import Image  # noqa: E402
 
 from test_vision import vl_config, write_vl_root  # noqa: E402
 from zephon import Recipe  # noqa: E402
-from zephon.display import denormalize, row_images, show, thumbnail_size, unpatchify  # noqa: E402
+from zephon.tools.display import denormalize, row_images, show, thumbnail_size, unpatchify  # noqa: E402
 from zephon.nodes.vision import patchify  # noqa: E402
 
 LABEL = re.compile(r"\[image (\d+): (\d+)x(\d+), (\d+) tokens\]")
@@ -330,7 +330,7 @@ def cited_value(seg):
 def test_provenance_reproduces_every_sample_from_its_source(recipe, batches):
     import hashlib
 
-    from zephon.display import provenance
+    from zephon.tools.display import provenance
     from zephon.nodes.vision import preprocess_image
 
     p = recipe.prepare()
@@ -443,7 +443,7 @@ def test_provenance_without_the_field_says_why(recipe, batches):
 
 # -- zephon inspect --show -------------------------------------------------------------------------
 def test_cli_inspect_show_multimodal(recipe, root, capsys):
-    from zephon.cli import main
+    from zephon.tools.cli import main
 
     cfg = vl_config(root)
     cfg["vision"] = dict(cfg["vision"], mean=list(recipe.vision.mean), std=list(recipe.vision.std))

@@ -1,6 +1,6 @@
-"""Every public name has a docstring: the names in ``zephon.__all__`` and ``zephon.nodes.__all__``
-(and their public methods and properties), and every public function, class, method and
-property of the modules listed in ``MODULES``.
+"""Every public name has a docstring: the names in the ``__all__`` of every package (and their
+public methods and properties), and every public function, class, method and property of every
+public module of the tree (modules named ``_x`` are private).
 
 A docstring says *why* the name exists; the examples in them run in ``tests/test_doctests.py``.
 """
@@ -11,19 +11,13 @@ import importlib
 import importlib.util
 import inspect
 
+import package_tree
 import pytest
+from package_tree import modules
 
-PACKAGES = ["zephon", "zephon.nodes"]
-
-MODULES = [
-    "zephon.accumulator", "zephon.checkpoint", "zephon.cli", "zephon.datasets.multimodal", "zephon.demo",
-    "zephon.display", "zephon.permute", "zephon.plots", "zephon.recipe", "zephon.seeding", "zephon.synth",
-    "zephon.testing", "zephon.workers", "zephon.nodes.batch", "zephon.nodes.mmpack", "zephon.nodes.shuffle",
-    "zephon.nodes.skips", "zephon.nodes.vision",
-    "zephon.lanes", "zephon.mapper", "zephon.node", "zephon.worksource", "zephon.tokenizer",
-    "zephon.nodes.pack", "zephon.nodes.tokenize", "zephon.datasets.index", "zephon.datasets.errors",
-]
-OPTIONAL = {"zephon.titan": "torchtitan"}
+OPTIONAL = {"zephon.integrations.torchtitan": "torchtitan"}
+MODULES = [m for m in modules() if not any(p.startswith("_") for p in m.split("."))]
+PACKAGES = [m for m in MODULES if package_tree.module_files()[m].name == "__init__.py"]
 
 # Public names allowed to lack a docstring (none today). The test fails on an entry that is
 # documented (a stale allow-list).
@@ -63,10 +57,11 @@ def _public_api():
 
     for pkg in PACKAGES:
         mod = importlib.import_module(pkg)
-        for name in mod.__all__:
+        for name in getattr(mod, "__all__", []):
             add(getattr(mod, name), pkg)
-    modules = list(MODULES) + [m for m, need in OPTIONAL.items() if importlib.util.find_spec(need)]
-    for m in modules:
+    for m in MODULES:
+        if m in OPTIONAL and not importlib.util.find_spec(OPTIONAL[m]):
+            continue
         mod = importlib.import_module(m)
         assert mod.__doc__ and mod.__doc__.strip(), f"module {m} has no docstring"
         for name, obj in vars(mod).items():
@@ -91,7 +86,7 @@ def test_the_allow_list_is_not_stale(api):
 
 
 def test_the_check_sees_the_api(api):
-    for name in ("zephon.lanes.GlobalLoader", "zephon.nodes.mmpack.MMPack", "zephon.display.provenance",
-                 "zephon.nodes.vision.VisionConfig.patch_dim", "zephon.accumulator.Accumulator.emit"):
+    for name in ("zephon.engine.lanes.GlobalLoader", "zephon.nodes.mmpack.MMPack", "zephon.tools.display.provenance",
+                 "zephon.nodes.vision.VisionConfig.patch_dim", "zephon.engine.accumulator.Accumulator.emit"):
         assert name in api, name
     assert len(api) > 200

@@ -1,22 +1,14 @@
-"""The examples in docstrings run (offline, fast: each module's examples take a few seconds)."""
+"""The examples in docstrings run (offline, fast: each module's examples take a few seconds), in
+every module of the tree."""
 
 import doctest
 import importlib
 
 import pytest
+from package_tree import modules
 
-MODULES = [
-    # the core
-    "zephon", "zephon.accumulator", "zephon.checkpoint", "zephon.permute", "zephon.seeding", "zephon.workers",
-    "zephon.testing", "zephon.lanes", "zephon.worksource",
-    # recipes, tools, display
-    "zephon.recipe", "zephon.demo", "zephon.synth", "zephon.cli", "zephon.plots", "zephon.display",
-    "zephon.datasets.multimodal", "zephon.datasets.errors",
-    # operators
-    "zephon.nodes", "zephon.nodes.batch", "zephon.nodes.shuffle", "zephon.nodes.skips", "zephon.nodes.vision",
-    "zephon.nodes.mmpack",
-]
-OPTIONAL = {"zephon.titan": "torchtitan"}  # module -> the package it needs
+OPTIONAL = {"zephon.integrations.torchtitan": "torchtitan"}  # module -> what it needs
+MODULES = [m for m in modules() if m not in OPTIONAL]
 
 
 def _run(name):
@@ -32,9 +24,8 @@ def test_docstring_examples(name):
 
 
 def test_there_are_examples():
-    # every module listed has examples (a module whose examples were all removed is noticed),
-    # without running them a second time
+    # a floor on examples, so removing them is noticed, without running them a second time
     finder = doctest.DocTestFinder()
     counts = {name: sum(len(t.examples) for t in finder.find(importlib.import_module(name))) for name in MODULES}
-    assert all(counts.values()), [n for n, c in counts.items() if not c]
-    assert sum(counts.values()) >= 100
+    assert sum(counts.values()) >= 200, counts
+    assert sum(1 for c in counts.values() if c) >= 20, counts

@@ -6,7 +6,7 @@ import pytest
 
 from zephon import (GlobalLoader, Router, StateError, WorkerConfig, batch_sha256, decode_state, encode_state,
                     merge_states, valid_world_sizes)
-from zephon.testing import toy_lane
+from zephon.engine.testing import toy_lane
 
 LANE = functools.partial(toy_lane, n=None)
 
@@ -115,7 +115,7 @@ def test_router_repr_and_state_keys():
 
 @pytest.mark.parametrize("prefetch", [1, 3])
 def test_prefetch_changes_nothing_and_checkpoints_what_was_delivered(prefetch, ref8):
-    from zephon.testing import _threads, assert_no_leaks
+    from zephon.engine.testing import _threads, assert_no_leaks
 
     before = _threads()
     got, state = [], None
@@ -133,7 +133,7 @@ def test_prefetch_changes_nothing_and_checkpoints_what_was_delivered(prefetch, r
 
 def test_prefetch_surfaces_errors_in_the_consumer():
     from zephon import WorkerError
-    from zephon.testing import toy_lane
+    from zephon.engine.testing import toy_lane
 
     def bad(x):
         if x == 40:

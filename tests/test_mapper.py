@@ -7,7 +7,7 @@ import time
 import pytest
 
 from zephon import OrderedMapper, PipelineError, WorkerConfig, WorkerError
-from zephon.testing import RangeSource, assert_no_leaks, check_node, _threads
+from zephon.engine.testing import RangeSource, assert_no_leaks, check_node, _threads
 
 
 def slow_square(x):
@@ -125,7 +125,7 @@ def test_needs_one_function():
 def test_lane_in_flight_budget():
     """The pulled lane may keep every worker busy (2 chunks per worker); the rank's lanes together
     stay near ``per_worker`` chunks per worker; never below 2 per lane, 1 when inline."""
-    from zephon.lanes import LaneContext
+    from zephon.engine.lanes import LaneContext
 
     def mif(count, lanes, per_worker=16):
         return LaneContext(seed=0, lane=0, lanes=lanes, workers=WorkerConfig(count, "thread"),

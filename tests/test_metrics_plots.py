@@ -32,7 +32,7 @@ def test_metrics_per_node(recipe):
 
 
 def test_explain_shows_plan_graph_and_ranks(recipe):
-    from zephon.display import explain
+    from zephon.tools.display import explain
 
     text = repr(explain(recipe, 4))
     for needle in ("target", "expected", "rank 3/4: lanes 6..7", "flush every 32", "└─ Pack", "LaneWorkSource"):

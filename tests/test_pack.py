@@ -5,7 +5,7 @@ import pytest
 
 from zephon import ZNode
 from zephon.nodes import Pack
-from zephon.testing import check_node
+from zephon.engine.testing import check_node
 
 
 class Doc:

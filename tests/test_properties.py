@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from test_reliability import make_data
 from zephon import LaneContext, Recipe, WorkerConfig, batch_sha256, decode_state, encode_state
-from zephon.demo import TOKENIZER_DIR
-from zephon.synth import generate_documents, write_text_lines
+from zephon.tools.demo import TOKENIZER_DIR
+from zephon.tools.synth import generate_documents, write_text_lines
 
 settings.register_profile("ci", max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 settings.register_profile("nightly", max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from zephon import Recipe, StateError, WorkerConfig, batch_sha256, decode_state, encode_state
-from zephon.datasets import DataError
-from zephon.demo import TOKENIZER_DIR
-from zephon.synth import generate_documents, write_jsonl, write_parquet
+from zephon.data.datasets import DataError
+from zephon.tools.demo import TOKENIZER_DIR
+from zephon.tools.synth import generate_documents, write_jsonl, write_parquet
 
 BAD_LINES = {
     "malformed JSON": b'{"text": "unterminated\n',
@@ -91,7 +91,7 @@ def test_each_bad_record_kind_is_reported(tmp_path, kind):
     write_parquet(str(tmp_path / "code/c.parquet"), generate_documents("code", 20, seed=1))
     with open(tmp_path / "web/a.jsonl", "wb") as f:
         f.write(json.dumps({"text": "a fine document"}).encode() + b"\n" + BAD_LINES[kind])
-    from zephon.datasets import index_dataset
+    from zephon.data.datasets import index_dataset
 
     ix = index_dataset("web", str(tmp_path / "web/*.jsonl"), cache_dir=str(tmp_path / "cache"))
     good, bad = ix.read(0, [0, 1])
@@ -163,7 +163,7 @@ def test_budget_keys_need_skip_policy(data):
 
 
 def test_file_level_errors_name_the_file(tmp_path):
-    from zephon.datasets import index_dataset
+    from zephon.data.datasets import index_dataset
 
     (tmp_path / "t").mkdir()
     raw = gzip.compress(b'{"text": "x"}\n' * 1000)
@@ -265,7 +265,7 @@ def test_externally_killed_worker_surfaces_promptly_and_cleans_up(data):
     import multiprocessing
 
     from zephon import PipelineError
-    from zephon.testing import _threads, assert_no_leaks
+    from zephon.engine.testing import _threads, assert_no_leaks
 
     root, _ = data
     before = _threads()
@@ -294,8 +294,8 @@ def test_externally_killed_worker_surfaces_promptly_and_cleans_up(data):
 def test_skip_counter_and_work_source_restore_at_every_step(data):
     from zephon import LaneContext, OrderedMapper
     from zephon.nodes import SkipCounter
-    from zephon.testing import check_node
-    from zephon.worksource import LaneWorkSource
+    from zephon.engine.testing import check_node
+    from zephon.nodes.worksource import LaneWorkSource
 
     root, _ = data
     r = recipe(root)

@@ -10,7 +10,7 @@ import pytest
 
 from text_fixtures import write_corpus, write_recipe
 from zephon import LaneContext, Recipe, StateError, WorkerConfig, batch_sha256, decode_state, encode_state
-from zephon.testing import check_node
+from zephon.engine.testing import check_node
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_lane_state_is_small_and_stable(recipe):
             next(g)
             st = g.state_dict()
             sizes.append(max(len(json.dumps(st[k])) for k in st if k.startswith("lane_")))
-            from zephon.testing import key_shape
+            from zephon.engine.testing import key_shape
 
             shapes.add(json.dumps(key_shape(st["lane_00003"])))
     assert max(sizes) < 1024, sizes
@@ -257,7 +257,7 @@ BASE = {"seed": 1, "lanes": 4, "seq_len": 32, "global_batch_size": 8,
 
 
 def rec(tmp_path, **changes):
-    from zephon.demo import TOKENIZER_DIR
+    from zephon.tools.demo import TOKENIZER_DIR
 
     cfg = json.loads(json.dumps(BASE))
     cfg["tokenizer"] = {"path": TOKENIZER_DIR}
@@ -309,7 +309,7 @@ def test_world_size_not_dividing_lanes(recipe):
 
 
 def test_missing_data_names_the_dataset(tmp_path):
-    from zephon.datasets import DataError
+    from zephon.data.datasets import DataError
 
     with pytest.raises(DataError, match="'a'"):
         rec(tmp_path).prepare()
@@ -323,7 +323,7 @@ def test_checkpoint_of_another_recipe_is_refused(corpus, recipe):
 
 
 def test_vectorised_planning_equals_the_scalar_reference(recipe):
-    from zephon.worksource import LaneWorkSource
+    from zephon.nodes.worksource import LaneWorkSource
 
     plan = recipe.prepare().plan
     for lane in (0, 5):

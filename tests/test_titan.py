@@ -31,8 +31,8 @@ LANES, SEQ, GBS = 8, 64, 16  # small recipe: 2 rows per lane per step
 
 
 def _write_small_recipe(root: str) -> str:
-    from zephon.demo import DEMO_TOML, TOKENIZER_DIR
-    from zephon.synth import make_demo_corpus
+    from zephon.tools.demo import DEMO_TOML, TOKENIZER_DIR
+    from zephon.tools.synth import make_demo_corpus
 
     os.makedirs(root, exist_ok=True)
     make_demo_corpus(root, seed=0, scale=0.1)
@@ -98,7 +98,7 @@ def _dcp_merge(states):
 
 # -- fast tests ------------------------------------------------------------------------------
 def test_import_zephon_does_not_import_torchtitan():
-    code = ("import sys, zephon, zephon.recipe, zephon.demo, zephon.checkpoint; "
+    code = ("import sys, zephon, zephon.recipe, zephon.demo, zephon.engine.checkpoint, zephon.tools.cli, zephon.display; "
             "assert 'torchtitan' not in sys.modules, sorted(m for m in sys.modules if 'titan' in m)")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -179,7 +179,7 @@ def test_overrides(recipe_path):
 
 def test_tokenizer_check(recipe_path):
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
-    from zephon.demo import TOKENIZER_DIR
+    from zephon.tools.demo import TOKENIZER_DIR
 
     tok = HuggingFaceTokenizer(tokenizer_path=TOKENIZER_DIR)
     loader = zt.ZephonDataLoader.Config(recipe=recipe_path).build(

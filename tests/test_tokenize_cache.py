@@ -11,12 +11,12 @@ import threading
 import numpy as np
 import pytest
 
-from zephon.datasets import index_dataset
-from zephon.demo import TOKENIZER_DIR
+from zephon.data.datasets import index_dataset
+from zephon.tools.demo import TOKENIZER_DIR
 from zephon.nodes.tokenize import FetchTokenize
-from zephon.synth import write_jsonl
-from zephon.tokenizer import TextTokenizer
-from zephon.worksource import WorkItem
+from zephon.tools.synth import write_jsonl
+from zephon.data.tokenizer import TextTokenizer
+from zephon.nodes.worksource import WorkItem
 
 
 class CountingTokenizer(TextTokenizer):

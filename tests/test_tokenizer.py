@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from zephon import synth
-from zephon.synth import generate_documents
-from zephon.tokenizer import TextTokenizer
+from zephon.data import BUNDLED_TOKENIZER
+from zephon.tools.synth import generate_documents
+from zephon.data.tokenizer import TextTokenizer
 
-BUNDLED = os.path.join(os.path.dirname(synth.__file__), "assets", "tokenizer")
+BUNDLED = BUNDLED_TOKENIZER
 BUNDLED_JSON = os.path.join(BUNDLED, "tokenizer.json")
 
 
@@ -272,7 +272,7 @@ def test_autotokenizer_only_folder(tmp_path, docs, tt):
 
 
 def test_set_tokenizers_parallelism(monkeypatch, tt, docs):
-    from zephon.tokenizer import set_tokenizers_parallelism
+    from zephon.data.tokenizer import set_tokenizers_parallelism
 
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")  # restored (or removed) at teardown
     ref = tt.encode_batch(docs)

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 
 from zephon import LaneContext, Recipe, RecipeError, WorkerConfig, batch_sha256, decode_state, encode_state
-from zephon.datasets import DataError, index_multimodal
-from zephon.demo import TOKENIZER_DIR
-from zephon.mapper import OrderedMapper
+from zephon.data.datasets import DataError, index_multimodal
+from zephon.tools.demo import TOKENIZER_DIR
+from zephon.engine.mapper import OrderedMapper
 from zephon.nodes import MMPack, SkipCounter
 from zephon.nodes.vision import VisionConfig, decode_image, mrope_positions, patchify, preprocess_image, smart_resize
-from zephon.synth import generate_image_text, make_demo_corpus, make_vision_corpus, write_wds
-from zephon.testing import check_node
-from zephon.worksource import LaneWorkSource
+from zephon.tools.synth import generate_image_text, make_demo_corpus, make_vision_corpus, write_wds
+from zephon.engine.testing import check_node
+from zephon.nodes.worksource import LaneWorkSource
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 
@@ -375,7 +375,7 @@ def test_each_bad_kind_has_a_reason(bad_root, key, reason):
     for s in range(len(ix.shards)):
         keys = [str(k) for k in ix._arrays[s]["keys"]]
         if f"bad-{key}" in keys:
-            from zephon.worksource import WorkItem
+            from zephon.nodes.worksource import WorkItem
 
             item = WorkItem(0, s, keys.index(f"bad-{key}"), 0, 0)
             with pytest.raises(DataError, match=reason) as ei:

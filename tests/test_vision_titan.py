@@ -129,7 +129,7 @@ def test_resize_and_patches_match_torchtitan():
 def test_loader_output_matches_collator_format_and_mrope(recipe_path):
     _stub_torchvision()
     from torchtitan.hf_datasets.multimodal.mm_collator import MultiModalCollator
-    from zephon.titan import ZephonDataLoader
+    from zephon.integrations.torchtitan import ZephonDataLoader
 
     loader = ZephonDataLoader.Config(recipe=recipe_path).build(dp_world_size=2, dp_rank=1, seq_len=128, local_batch_size=2)
     try:
@@ -179,7 +179,7 @@ def model_and_batch(recipe_path):
     from torchtitan.models.common.attention import FlexAttention
     from torch.nn.attention.flex_attention import flex_attention
 
-    from zephon.titan import ZephonDataLoader
+    from zephon.integrations.torchtitan import ZephonDataLoader
 
     # eager flex attention (the compiled one is the same math; compiling costs ~40 s on 2 cores)
     FlexAttention._compiled_flex_attn = staticmethod(flex_attention)

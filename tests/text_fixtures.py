@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from zephon.demo import TOKENIZER_DIR
-from zephon.synth import make_demo_corpus
+from zephon.tools.demo import TOKENIZER_DIR
+from zephon.tools.synth import make_demo_corpus
 
 RECIPE = """\
 seed = 77

@@ -50,7 +50,7 @@ def main() -> None:
     from torchtitan.components.optimizer.optimizer import default_adamw
 
     import zephon
-    from zephon.titan import ZephonDataLoader
+    from zephon.integrations.torchtitan import ZephonDataLoader
 
     loader = ZephonDataLoader.Config(recipe=args.recipe).build(
         dp_world_size=world, dp_rank=rank, tokenizer=None, seq_len=None,

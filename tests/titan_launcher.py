@@ -142,7 +142,7 @@ def _cpu_common(config) -> None:
 
 
 # -- a zephon loader that records per-lane hashes of every step --------------------------------
-import zephon.titan as zt  # noqa: E402  (after patch_cpu)
+import zephon.integrations.torchtitan as zt  # noqa: E402  (after patch_cpu)
 
 
 class HashingZephonDataLoader(zt.ZephonDataLoader):

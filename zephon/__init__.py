@@ -3,6 +3,21 @@
 Global batch t is the same bytes on 1, 2, 4, ... 64 data-parallel ranks, with any number of
 loader workers, and after a resume on another number of ranks. See README.md.
 
+This package is the public face of five layers, each one sub-package, importing only downwards:
+
+==================  =====================================================================
+``zephon.engine``   node contract, accumulator, ordered mapper, workers, lanes and router,
+                    checkpoints, seeding, permutations, the ``check_node`` test kit
+``zephon.data``     datasets (readers, indexes) and the tokenizer
+``zephon.nodes``    operators, the WorkSource included (the ``nodes/`` folder)
+``zephon.recipe``   the recipe: schema, preparation, lane assembly, checkpoint migrations
+``zephon.tools``    command line, display, plots, demo, synthetic corpora;
+``zephon.integrations``  TorchTitan
+==================  =====================================================================
+
+``zephon.titan``, ``zephon.testing``, ``zephon.demo``, ``zephon.display``, ``zephon.plots`` and
+``zephon.synth`` are the short public paths of modules in those layers.
+
 A synthetic pipeline of 8 lanes, checkpointed on 4 ranks and resumed on 2:
 
     >>> import functools
@@ -20,31 +35,45 @@ A synthetic pipeline of 8 lanes, checkpointed on 4 ranks and resumed on 2:
     True
 """
 
-from .accumulator import Accumulator
-from .checkpoint import FORMAT_VERSION, decode_state, encode_state, lane_key, merge_states
-from .lanes import GlobalLoader, LaneContext, Router, batch_sha256, collate, lanes_of_rank, valid_world_sizes
-from .mapper import OrderedMapper, WorkerError
-from .node import PipelineError, StateError, ZNode
-from .permute import IndexPermutation
-from .seeding import lane_rng, seed_sequence, stable_u64
-from .workers import PoolSet, ProcessLocal, WorkerConfig, WorkerPool
+from zephon.engine import (
+    FORMAT_VERSION,
+    Accumulator,
+    GlobalLoader,
+    IndexPermutation,
+    LaneContext,
+    OrderedMapper,
+    PipelineError,
+    PoolSet,
+    ProcessLocal,
+    Router,
+    StateError,
+    WorkerConfig,
+    WorkerError,
+    WorkerPool,
+    ZNode,
+    batch_sha256,
+    collate,
+    decode_state,
+    encode_state,
+    lane_key,
+    lane_rng,
+    lanes_of_rank,
+    merge_states,
+    seed_sequence,
+    stable_u64,
+    valid_world_sizes,
+)
+from zephon.recipe import Recipe, RecipeError
 
 __version__ = "0.1.0"
 
-
-def __getattr__(name: str):
-    # Recipe sits on top of the engine and the operator library; import it lazily so that
-    # `import zephon` (the core) never imports zephon.nodes.
-    if name in ("Recipe", "RecipeError"):
-        from . import recipe
-
-        return getattr(recipe, name)
-    raise AttributeError(f"module 'zephon' has no attribute {name!r}")
-
+#: the layers, bottom up: a module imports only from its own layer or the ones before it
+#: (``tests/test_layers.py`` checks every import of every file against the tree)
+LAYERS = ("engine", "data", "nodes", "recipe", "tools", "integrations")
 
 __all__ = [
     "Accumulator", "FORMAT_VERSION", "GlobalLoader", "IndexPermutation", "LaneContext", "OrderedMapper",
-    "PipelineError", "PoolSet", "ProcessLocal", "Recipe", "RecipeError", "Router", "StateError", "WorkerConfig", "WorkerError", "WorkerPool", "ZNode",
-    "batch_sha256", "collate", "decode_state", "encode_state", "lane_key", "lane_rng", "lanes_of_rank",
-    "merge_states", "seed_sequence", "stable_u64", "valid_world_sizes",
+    "PipelineError", "PoolSet", "ProcessLocal", "Recipe", "RecipeError", "Router", "StateError", "WorkerConfig",
+    "WorkerError", "WorkerPool", "ZNode", "batch_sha256", "collate", "decode_state", "encode_state", "lane_key",
+    "lane_rng", "lanes_of_rank", "merge_states", "seed_sequence", "stable_u64", "valid_world_sizes",
 ]

@@ -13,14 +13,29 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-__all__ = ["main", "run_hashes", "describe_plan", "format_row", "format_batch_rows"]
+from zephon.data import DataError
+from zephon.engine import (
+    PipelineError,
+    StateError,
+    WorkerConfig,
+    batch_sha256,
+    check_world_size,
+    decode_state,
+    encode_state,
+    load_state,
+    save_state,
+)
+from zephon.recipe import Recipe, RecipeError
+
+from .demo import demo_recipe
+from .display import describe_plan, format_batch_rows, format_row
+
+__all__ = ["main", "run_hashes"]
 
 STATE_FILE = "zephon_state.json"
 
 
 def _workers(recipe: Any, count: Optional[int], backend: Optional[str]):
-    from zephon import WorkerConfig
-
     w = recipe.workers
     return WorkerConfig(count=w.count if count is None else count, backend=backend or w.backend,
                         timeout_s=w.timeout_s, start_method=w.start_method)
@@ -35,16 +50,13 @@ def run_hashes(recipe: Any, *, world_size: int = 1, steps: int = 10, workers: An
     end-to-end check of elastic determinism.
 
     >>> import io, tempfile
-    >>> from zephon.demo import demo_recipe
+    >>> from zephon.tools.demo import demo_recipe
     >>> recipe = demo_recipe(tempfile.mkdtemp(), scale=0.01).replace(lanes=4, global_batch_size=8, shuffle={"buffer": 1})
     >>> out = io.StringIO()
     >>> on_1 = run_hashes(recipe, world_size=1, steps=2, out=out)
     >>> out.getvalue().split()[:2] == ["step", "0"], on_1 == run_hashes(recipe, world_size=4, steps=2, out=io.StringIO())
     (True, True)
     """
-    from zephon import batch_sha256
-    from zephon.checkpoint import load_state, save_state
-
     out = sys.stdout if out is None else out  # looked up per call (redirected stdout, doctest)
     hashes = []
     with recipe.global_loader(world_size, workers=workers) as g:
@@ -63,109 +75,7 @@ def run_hashes(recipe: Any, *, world_size: int = 1, steps: int = 10, workers: An
     return hashes
 
 
-def format_row(tokenizer: Any, row: Dict[str, np.ndarray], dataset_names: List[str], width: int = 400, *,
-               special: Optional[Dict[str, int]] = None, grids: Optional[np.ndarray] = None, first_image: int = 0,
-               patch_size: Optional[int] = None) -> str:
-    """A packed row as text: documents separated by ' ‖ ', dataset tags, padding counted.
-
-    For a row of a multimodal batch pass the image placeholder ids (``special``: ``image``,
-    ``vision_start``, ``vision_end``), the row's rows of ``grid_thw`` (``grids``), the batch index
-    of its first image (``first_image``) and the recipe's ``patch_size``: each image's
-    ``<|vision_start|>`` + placeholder run + ``<|vision_end|>`` then reads
-    ``[image N: HxW, K tokens]`` (see :func:`format_batch_rows`)."""
-    from zephon.display import image_blocks, image_label, row_pieces
-
-    parts = []
-    doc = row["document_ids"]
-    valid = doc >= 0
-    blocks = (image_blocks(row["input"], special, grids, first_image, patch_size)
-              if special and "image" in special else [])
-    for j in np.unique(doc[valid]):
-        idx = np.nonzero(doc == j)[0]
-        ds = int(row["dataset"][idx[0]])
-        lo, hi = int(idx[0]), int(idx[-1]) + 1
-        if blocks and hi - lo == len(idx):
-            pieces = row_pieces(tokenizer.decode, row["input"], lo, hi, blocks)
-            text = "".join(v if kind == "text" else image_label(v) for kind, v in pieces)
-        else:
-            text = tokenizer.decode(row["input"][idx])
-        text = text.replace("\n", "⏎")
-        parts.append(f"[{dataset_names[ds]}:{len(idx)} tok] {text}")
-    pad = int((~valid).sum())
-    s = " ‖ ".join(parts)
-    if len(s) > width:
-        s = s[: width - 1] + "…"
-    return s + (f" [+{pad} pad]" if pad else "")
-
-
-def format_batch_rows(recipe: Any, batch: Dict[str, Any], rows: int, width: int = 2000) -> List[str]:
-    """``row <r>: ...`` lines (:func:`format_row`) for the first ``rows`` rows of a text or
-    multimodal batch (images as ``[image N: HxW, K tokens]`` with the text around them)."""
-    from zephon.display import MM_BATCH_FIELDS, is_multimodal, row_images
-
-    p = recipe.prepare()
-    names = [d.name for d in recipe.datasets]
-    mm = is_multimodal(batch)
-    out = []
-    for r in range(min(rows, len(batch["input"]))):
-        row = {k: v[r] for k, v in batch.items() if k not in MM_BATCH_FIELDS}
-        kw: Dict[str, Any] = {}
-        if mm:
-            first, grids, _ = row_images(batch, r)
-            kw = dict(special=p.special, grids=grids, first_image=first, patch_size=recipe.vision.patch_size)
-        line = f"row {r}: " + format_row(p.tokenizer, row, names, width=width, **kw)
-        if mm:
-            line = f"row {r} ({int(batch['images_per_row'][r])} images): " + line[len(f"row {r}: "):]
-        out.append(line)
-    return out
-
-
-def describe_plan(recipe: Any, world_size: Optional[int] = None, draws: int = 4000) -> str:
-    """The plan as text: datasets, sizes, tokens/byte, target vs expected token shares, lanes."""
-    from zephon.lanes import lanes_of_rank, valid_world_sizes
-
-    p = recipe.prepare(progress=None)
-    lines = [repr(recipe), f"fingerprint: {p.fingerprint}", ""]
-    lines.append(f"{'dataset':<12} {'format':<8} {'shards':>6} {'records':>9} {'MB':>8} {'tok/byte':>9} {'est. tokens':>12} {'target':>7} {'expected':>8}")
-    # expected shares: simulate lane 0's work source from metadata only
-    src = p.plan.lane(0)
-    est = np.zeros(len(recipe.datasets))
-    for _ in range(draws):
-        try:
-            it = next(src)
-        except StopIteration:
-            break
-        ds = p.plan.datasets[it.dataset]
-        nbytes = int(ds.record_bytes(it.shard)[it.record])
-        part_bytes = (it.part + 1) * nbytes // it.parts - it.part * nbytes // it.parts
-        est[it.dataset] += part_bytes * ds.tokens_per_byte + (ds.tokens_per_record if it.part == 0 else 0)
-    expected = est / est.sum() if est.sum() else est
-    target = recipe.schedule.weights(0)
-    for i, (s, ix) in enumerate(zip(recipe.datasets, p.indexes)):
-        size = sum(sh.size_bytes for sh in ix.shards)
-        e = p.estimates[s.name]
-        total_bytes = sum(int(ix.record_bytes(k).sum()) for k in range(len(ix.shards)))
-        lines.append(f"{s.name:<12} {ix.format:<8} {len(ix.shards):>6} {ix.num_records:>9} {size / 1e6:>8.2f} "
-                     f"{e.tokens_per_byte:>9.4f} {total_bytes * e.tokens_per_byte + ix.num_records * e.tokens_per_record:>12.0f} "
-                     f"{target[i]:>7.3f} {expected[i]:>8.3f}")
-    lines.append("")
-    lines.append(f"lanes: {recipe.lanes} (valid world sizes: {valid_world_sizes(recipe.lanes)}); rows per lane per step: "
-                 f"{recipe.rows_per_lane}; seq_len: {recipe.seq_len}; mixing by {recipe.mix_by}")
-    lines.append(f"pack: {recipe.pack_algorithm}, flush every {recipe.pack_flush_every} documents; shuffle window: "
-                 f"{recipe.shuffle_buffer} rows; workers: {recipe.workers.count} {recipe.workers.backend}")
-    if len(recipe.schedule.phases) > 1:
-        lines.append("schedule: " + "; ".join(f"step {s}: {dict(zip([d.name for d in recipe.datasets], w))}" for s, w in recipe.schedule.phases))
-    if world_size:
-        for r in range(world_size):
-            owned = lanes_of_rank(recipe.lanes, world_size, r)
-            lines.append(f"  rank {r}/{world_size}: lanes {owned.start}..{owned.stop - 1}")
-    return "\n".join(lines)
-
-
 def _demo(args: argparse.Namespace) -> int:
-    from zephon import WorkerConfig, batch_sha256, decode_state, encode_state
-    from zephon.demo import demo_recipe
-
     t0 = time.time()
     recipe = demo_recipe(args.root)
     p = recipe.prepare(progress=None)
@@ -207,7 +117,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run the ``zephon`` command with ``argv`` (default: ``sys.argv[1:]``); the exit status.
 
     >>> import tempfile
-    >>> from zephon.demo import write_demo_recipe
+    >>> from zephon.tools.demo import write_demo_recipe
     >>> path = write_demo_recipe(tempfile.mkdtemp(), scale=0.01)
     >>> toml = open(path).read().replace("buffer = 32", "buffer = 1")   # no shuffle window: fast
     >>> _ = open(path, "w").write(toml)
@@ -236,9 +146,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     i.add_argument("--measure-steps", type=int, default=4, help="steps run to measure packing efficiency")
     args = parser.parse_args(argv)
 
-    from zephon import PipelineError, Recipe, RecipeError, StateError
-    from zephon.datasets import DataError
-
     try:
         if args.cmd == "demo":
             return _demo(args)
@@ -246,8 +153,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.cmd == "hashes":
             if (args.save_at is None) != (args.checkpoint is None):
                 parser.error("--save-at and --checkpoint go together")
-            from zephon.lanes import check_world_size
-
             check_world_size(recipe.lanes, args.world_size)
             run_hashes(recipe, world_size=args.world_size, steps=args.steps,
                        workers=_workers(recipe, args.workers, args.backend), save_at=args.save_at,
@@ -255,8 +160,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         if args.cmd == "inspect":
             print(describe_plan(recipe, args.world_size))
-            from zephon import WorkerConfig
-
             p = recipe.prepare()
             names = [d.name for d in recipe.datasets]
             with recipe.global_loader(1, workers=WorkerConfig(0)) as g:

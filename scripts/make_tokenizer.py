@@ -1,10 +1,10 @@
 """Train the bundled byte-level BPE tokenizer (vocab 4096) on zephon's synthetic corpora.
 
-    python -m zephon.assets.make_tokenizer            # writes zephon/assets/tokenizer/
-    python zephon/assets/make_tokenizer.py --out DIR
+    python scripts/make_tokenizer.py              # writes zephon/data/assets/tokenizer/
+    python scripts/make_tokenizer.py --out DIR
 
 Writes ``tokenizer.json`` and ``tokenizer_config.json`` (``bos_token``, ``eos_token``,
-``pad_token``) so the folder loads with ``zephon.tokenizer.TextTokenizer``,
+``pad_token``) so the folder loads with ``zephon.data.TextTokenizer``,
 ``transformers.AutoTokenizer.from_pretrained(folder)`` and TorchTitan's
 ``HuggingFaceTokenizer``. Special tokens get ids 0, 1, 2: ``<|bos|>``, ``<|eos|>``,
 ``<|pad|>``. The tokenizer itself adds no special tokens (no post-processor); the loader adds
@@ -24,15 +24,12 @@ import sys
 
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>"]
 VOCAB_SIZE = 4096
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer")
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "zephon", "data", "assets", "tokenizer")
 
 
 def _training_texts():
-    try:
-        from zephon.synth import generate_documents
-    except ImportError:  # run as a plain script from the repo
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        from zephon.synth import generate_documents
+    from zephon.synth import generate_documents
+
     # a seed that the tests and the demo corpus (seeds 0..) are unlikely to use
     for style, n in (("web", 4000), ("code", 4000), ("books", 600)):
         yield from generate_documents(style, n, seed=1234567)

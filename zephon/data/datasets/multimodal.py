@@ -121,18 +121,24 @@ class MultimodalIndex:
     :meth:`locate` and :meth:`sources` say where a record and each of its segments are stored
     (provenance).
 
-    >>> import os, tempfile
-    >>> from zephon.synth import generate_image_text, write_wds
-    >>> root = tempfile.mkdtemp()
-    >>> _ = write_wds(os.path.join(root, "shard-0.tar"), generate_image_text(3, seed=0))
+    >>> import io, os, tarfile, tempfile
+    >>> from PIL import Image
+    >>> root, png = tempfile.mkdtemp(), io.BytesIO()
+    >>> Image.new("RGB", (32, 24)).save(png, "PNG")
+    >>> with tarfile.open(os.path.join(root, "shard-0.tar"), "w") as tar:    # a WebDataset shard
+    ...     for key, caption in (("a", "a red square"), ("b", "two cats")):
+    ...         for name, data in ((f"{key}.png", png.getvalue()), (f"{key}.txt", caption.encode())):
+    ...             info = tarfile.TarInfo(name)
+    ...             info.size = len(data)
+    ...             tar.addfile(info, io.BytesIO(data))
     >>> ix = index_multimodal("pairs", os.path.join(root, "*.tar"), cache_dir=root)
-    >>> ix.num_records, ix.record_bytes(0).tolist()
-    (3, [56, 24, 23])
+    >>> ix.num_records, ix.record_bytes(0).tolist(), ix.image_sizes(0)[1].tolist()
+    (2, [12, 8], [32, 32])
     >>> rec = ix.read(0, [1])[0]
     >>> type(rec.segments[0]).__name__, rec.segments[1], rec.locator
-    ('bytes', 'He two of care own nart.', "key '00000001'")
+    ('bytes', 'two cats', "key 'b'")
     >>> [(s["kind"], s["member"]) for s in ix.sources(0, 1)]
-    [('image', '00000001.png'), ('text', '00000001.txt')]
+    [('image', 'b.png'), ('text', 'b.txt')]
     """
 
     def __init__(self, name: str, kind: str, format: str, text_field: str, image_field: str,

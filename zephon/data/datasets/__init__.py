@@ -10,7 +10,7 @@ this package answers "how many records, how big is each, give me records i, j, k
 
 from .errors import BadRecord, DataError
 from .index import FORMATS, TEXT_MODES, DatasetIndex, ShardMeta, index_dataset
-from .multimodal import KINDS, MM_FORMATS, MMRecord, MultimodalIndex, index_multimodal
+from .multimodal import KINDS, MM_FORMATS, MMRecord, MultimodalIndex, image_header_size, index_multimodal
 
 __all__ = [
     "BadRecord",
@@ -25,4 +25,5 @@ __all__ = [
     "MMRecord",
     "MultimodalIndex",
     "index_multimodal",
+    "image_header_size",
 ]

@@ -39,7 +39,7 @@ class Accumulator(ZNode[Any]):
 
     A pairing operator, and the check that it resumes from every step:
 
-    >>> from zephon.testing import RangeSource, check_node
+    >>> from zephon.engine.testing import RangeSource, check_node
     >>> class Pairs(Accumulator):
     ...     node_type = "pairs"
     ...     def clear(self): self._held = []

@@ -26,9 +26,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 import numpy as np
 
-from .node import StateError, ZNode
-from .permute import IndexPermutation
-from .seeding import stable_u64
+from zephon.engine import IndexPermutation, StateError, ZNode, stable_u64
 
 __all__ = ["DatasetPlan", "WorkItem", "WorkPlan", "LaneWorkSource", "WeightSchedule"]
 

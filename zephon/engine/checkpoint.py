@@ -58,7 +58,7 @@ def parse_json(data: bytes | str, what: str, max_bytes: int = MAX_ENTRY_BYTES) -
     >>> parse_json(b'{"cursor": NaN}', "lane_00000")
     Traceback (most recent call last):
     ...
-    zephon.node.StateError: lane_00000: corrupt or truncated JSON (non-finite number NaN is not allowed in a zephon state); restore from an earlier checkpoint
+    zephon.engine.node.StateError: lane_00000: corrupt or truncated JSON (non-finite number NaN is not allowed in a zephon state); restore from an earlier checkpoint
     """
     if isinstance(data, (bytes, bytearray, memoryview)):
         raw = bytes(data)

@@ -30,7 +30,12 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["TextTokenizer", "set_tokenizers_parallelism", "BOS_CANDIDATES", "EOS_CANDIDATES", "PAD_CANDIDATES"]
+__all__ = ["TextTokenizer", "set_tokenizers_parallelism", "BOS_CANDIDATES", "EOS_CANDIDATES", "PAD_CANDIDATES",
+           "BUNDLED_TOKENIZER"]
+
+#: the small byte-level BPE (vocab 4096) the repo ships for the demo and the tests
+#: (``scripts/make_tokenizer.py`` rebuilds it); real runs point a recipe at their own tokenizer
+BUNDLED_TOKENIZER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "tokenizer")
 
 # Fallback names, tried in order when tokenizer_config.json names no token.
 BOS_CANDIDATES = ("<|bos|>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[BOS]",

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-__all__ = ["WorkerConfig", "WorkerPool", "PoolSet", "BACKENDS"]
+__all__ = ["WorkerConfig", "WorkerPool", "PoolSet", "ProcessLocal", "BACKENDS"]
 
 BACKENDS = ("thread", "process")
 
@@ -178,10 +178,8 @@ class ProcessLocal:
     named in ``_transient`` (caches) are not pickled.
 
     >>> import pickle
-    >>> from zephon.demo import TOKENIZER_DIR
-    >>> from zephon.nodes import FetchTokenize
-    >>> from zephon.tokenizer import TextTokenizer
-    >>> fn = FetchTokenize([], TextTokenizer(TOKENIZER_DIR))   # a ProcessLocal
+    >>> from zephon.engine.testing import AddOffset
+    >>> fn = AddOffset(10)   # a ProcessLocal
     >>> a, b = pickle.loads(pickle.dumps(fn)), pickle.loads(pickle.dumps(fn))
     >>> a is b   # the second task's copy is the first one: unpickled once per process
     True

@@ -26,14 +26,45 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .datasets import FORMATS, KINDS, MM_FORMATS, TEXT_MODES, DatasetIndex, index_dataset, index_multimodal
-from .lanes import GlobalLoader, LaneContext, Router, check_world_size
-from .mapper import OrderedMapper
-from .permute import IndexPermutation
-from .seeding import stable_u64
-from .tokenizer import TextTokenizer
-from .workers import BACKENDS, WorkerConfig
-from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkPlan
+from zephon.data import (
+    FORMATS,
+    KINDS,
+    MM_FORMATS,
+    TEXT_MODES,
+    DatasetIndex,
+    TextTokenizer,
+    index_dataset,
+    index_multimodal,
+    set_tokenizers_parallelism,
+)
+from zephon.engine import (
+    BACKENDS,
+    GlobalLoader,
+    IndexPermutation,
+    LaneContext,
+    OrderedMapper,
+    Router,
+    StateError,
+    WorkerConfig,
+    check_world_size,
+    register_lane_migration,
+    stable_u64,
+)
+from zephon.nodes import (
+    POLICIES,
+    Batch,
+    DatasetPlan,
+    FetchTokenize,
+    FetchVision,
+    LaneWorkSource,
+    MMPack,
+    Pack,
+    SkipCounter,
+    VisionConfig,
+    WeightSchedule,
+    WindowShuffle,
+    WorkPlan,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -185,15 +216,15 @@ class Recipe:
     is validated up front, fingerprinted into every checkpoint, and every rank builds the same
     lanes from it. Nothing is read until :meth:`prepare` (or a loader) needs it.
 
-    >>> from zephon.demo import TOKENIZER_DIR
-    >>> cfg = {"seed": 1, "lanes": 4, "seq_len": 64, "global_batch_size": 8, "tokenizer": {"path": TOKENIZER_DIR},
+    >>> from zephon.data import BUNDLED_TOKENIZER
+    >>> cfg = {"seed": 1, "lanes": 4, "seq_len": 64, "global_batch_size": 8, "tokenizer": {"path": BUNDLED_TOKENIZER},
     ...        "datasets": [{"name": "web", "path": "web/*.jsonl", "weight": 1.0}]}
     >>> Recipe.from_dict(cfg).rows_per_lane
     2
     >>> Recipe.from_dict(dict(cfg, shufle={"buffer": 8}))
     Traceback (most recent call last):
     ...
-    zephon.recipe.RecipeError: recipe: unknown key 'shufle' in the recipe's top level. Did you mean 'shuffle'? ...
+    zephon.recipe.recipe.RecipeError: recipe: unknown key 'shufle' in the recipe's top level. Did you mean 'shuffle'? ...
     """
 
     def __init__(self, config: Mapping[str, Any], base_dir: str = ".") -> None:
@@ -415,8 +446,6 @@ class Recipe:
 
     def _validate_vision(self, v: Any) -> None:
         """The ``[vision]`` section: image preprocessing, budgets and placeholder tokens."""
-        from zephon.nodes.vision import VisionConfig
-
         if not isinstance(v, dict):
             raise _fail("recipe: [vision] must be a table (patch_size = 16, merge_size = 2, ...)")
         _check_keys("[vision]", v, VISION_KEYS)
@@ -525,11 +554,7 @@ class Recipe:
             for ix in indexes:
                 h.update(ix.fingerprint.encode())
             h.update(tok.fingerprint.encode())
-            from zephon.nodes.tokenize import FetchTokenize
-
             if self.multimodal:
-                from zephon.nodes.vision import FetchVision
-
                 fetch: Any = FetchVision(indexes, [s.kind for s in self.datasets], tok, self.vision, special,
                                          on_error=[s.on_error for s in self.datasets], row_len=self.seq_len + 1)
             else:
@@ -622,8 +647,6 @@ class Recipe:
     def adopt_shared(self, shared: Dict[str, Any]) -> bool:
         """Check a checkpoint's data and tokenizer against ours (naming what changed), then use
         its token estimates; True if they differ from ours."""
-        from .node import StateError
-
         p = self.prepare()
         data = shared.get("data", {})
         for s, ix in zip(self.datasets, p.indexes):
@@ -645,8 +668,6 @@ class Recipe:
             return False
         names = sorted(s.name for s in self.datasets)
         if not isinstance(raw, dict) or sorted(raw) != names:
-            from .node import StateError
-
             raise StateError(f"checkpoint token estimates are for datasets {sorted(raw) if isinstance(raw, dict) else raw!r}, the recipe has {names}")
         adopted = {k: TokenEstimate(float(v[0]), float(v[1]), int(v[2])) for k, v in raw.items()}
         with self._lock:
@@ -662,8 +683,6 @@ class Recipe:
     # -- pipelines --------------------------------------------------------------------------
     def build_lane(self, ctx: LaneContext):
         """The pipeline of one lane (a torchdata BaseNode yielding micro-batches)."""
-        from zephon.nodes import Batch, Pack, WindowShuffle
-
         p = self.prepare()
         if self.multimodal:
             return self._build_mm_lane(ctx, p)
@@ -681,12 +700,8 @@ class Recipe:
 
         ``per_worker``: chunks a rank's lanes may hold in flight per worker (text chunks are tens of
         KB of token ids; image chunks tens of MB of patches, so the vision path passes less)."""
-        from zephon.nodes import SkipCounter
-
         if wc.count > 0:
             # with our own workers, the tokenizer's internal thread pool only serialises them
-            from .tokenizer import set_tokenizers_parallelism
-
             set_tokenizers_parallelism(False)
         node: Any = LaneWorkSource(p.plan, ctx.lane)
         node = OrderedMapper(node, batch_fn=p.fetch, workers=wc, pool=ctx.pool(wc), chunk_size=chunk,
@@ -700,8 +715,6 @@ class Recipe:
 
     def _build_mm_lane(self, ctx: LaneContext, p: _Prepared):
         """WorkSource -> OrderedMapper(FetchVision) -> SkipCounter -> MMPack -> WindowShuffle (of micro-batches)."""
-        from zephon.nodes import MMPack, WindowShuffle
-
         node, pad = self._lane_front(ctx, p, self.vision_workers or self.tokenize_workers or ctx.workers,
                                      self.vision_chunk_size, "fetch+vision", per_worker=8)
         node = MMPack(node, seq_len=self.seq_len, rows=self.rows_per_lane, patch_dim=self.vision.patch_dim,
@@ -779,8 +792,6 @@ def _migrate_text_lane_v1(state: Dict[str, Any]) -> Dict[str, Any]:
         src["part"] = [0] * n
     return state
 
-
-from .checkpoint import register_lane_migration  # noqa: E402
 
 register_lane_migration(1, _migrate_text_lane_v1)
 

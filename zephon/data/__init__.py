@@ -1,0 +1,28 @@
+"""Data access: raw shards to per-shard metadata and random-access record reads, and the tokenizer.
+
+Nothing here plans or shuffles: the WorkSource (an operator) decides which records to read; this
+layer answers "how many records, how big is each, give me records i, j, k of shard s" and
+"what are the token ids of these texts".
+"""
+
+from .datasets import (
+    FORMATS,
+    KINDS,
+    MM_FORMATS,
+    TEXT_MODES,
+    BadRecord,
+    DataError,
+    DatasetIndex,
+    MMRecord,
+    MultimodalIndex,
+    ShardMeta,
+    index_dataset,
+    image_header_size,
+    index_multimodal,
+)
+from .tokenizer import BUNDLED_TOKENIZER, TextTokenizer, set_tokenizers_parallelism
+
+__all__ = [
+    "BUNDLED_TOKENIZER", "BadRecord", "DataError", "DatasetIndex", "FORMATS", "KINDS", "MMRecord", "MM_FORMATS", "MultimodalIndex",
+    "ShardMeta", "TEXT_MODES", "TextTokenizer", "image_header_size", "index_dataset", "index_multimodal", "set_tokenizers_parallelism",
+]

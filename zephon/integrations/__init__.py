@@ -1,0 +1,2 @@
+"""Integrations with training frameworks (TorchTitan); imported only when asked for, so
+``import zephon`` never imports a trainer."""

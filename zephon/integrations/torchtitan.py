@@ -1,0 +1,552 @@
+"""TorchTitan integration: a ``BaseDataLoader`` whose global batches survive a change of DP degree.
+
+Import this module explicitly (``import zephon.titan``); ``import zephon`` never imports
+TorchTitan. Requires ``torchtitan==0.3.0`` (``pip install "zephon[titan]"``).
+
+Use it with any TorchTitan model config
+--------------------------------------
+Write a config function (TorchTitan's ``--module`` / ``--config`` registry) that takes the model's
+own config and swaps in zephon with :func:`with_zephon`::
+
+    # my_configs.py
+    from torchtitan.models.llama3.config_registry import llama3_8b
+    from zephon.titan import with_zephon
+
+    def llama3_8b_zephon():
+        return with_zephon(llama3_8b(), "/data/recipes/pretrain.toml", local_batch_size=2)
+
+    # torchrun --nproc_per_node=8 -m torchtitan.train --module my_configs --config llama3_8b_zephon
+
+:func:`with_zephon` sets ``dataloader``, ``training.seq_len`` and ``training.global_batch_size``
+from the recipe (the global batch is fixed by the recipe; ``training.local_batch_size`` is then
+yours to pick per DP degree: ``global = local x dp x grad-accum``). Point ``hf_assets_path`` at a
+tokenizer with the same vocabulary as the recipe's (the loader checks). The bundled example::
+
+    torchrun --standalone --nproc_per_node=2 -m torchtitan.train \\
+        --module zephon.titan --config zephon_llama3_debug --training.local_batch_size 8
+
+Fields of :class:`ZephonDataLoader.Config` override recipe values from the command line, e.g.
+``--dataloader.workers 4 --dataloader.backend process`` (performance only: the data is the same)
+or ``--dataloader.lanes 64`` (a new data definition: a checkpoint of the old one refuses to load).
+
+Vision-language recipes
+-----------------------
+With a recipe whose datasets include ``kind = "image_text"`` or ``"interleaved"``, ``next()`` yields
+TorchTitan 0.3.0's multimodal batch (what ``MultiModalCollator`` yields, see :func:`titan_mm_batch`):
+``input``, ``positions``, ``mrope_positions``, ``pixel_values`` ``[images, max_patches, patch_dim]``,
+``grid_thw``, ``pixel_values_videos=None``, ``grid_thw_videos=None``, ``special_tokens`` (ids of the
+recipe tokenizer's ``<|image_pad|>``, ``<|video_pad|>``, ``<|vision_start|>``, ``<|vision_end|>``
+and padding), so Qwen3.5's ``forward`` takes it unchanged. Use it with the Qwen3.5 configs through
+:func:`with_zephon` (the trainer's ``MultiModalTokenizer`` must have the same special-token ids;
+the loader checks). A microbatch slice of a step carries exactly the images of its rows.
+
+Resuming on another number of ranks
+-----------------------------------
+``state_dict()`` holds one JSON ``bytes`` value per lane this rank owns (``"lane_00007"``) and
+one rank-independent entry (``"zephon"``: format version, lane count, seed, recipe fingerprint,
+step). DCP keeps every key once, and on load asks the *new* loader for its keys, so a checkpoint
+saved on 4 ranks loads on 1, 2 or 8: each rank picks up the lanes it now owns. Tensor- and
+pipeline-parallel peers of one DP rank build the same lanes, get identical batches and write
+identical values under identical keys.
+
+Gradient accumulation and pipeline microbatches
+-----------------------------------------------
+A recipe step is one optimizer step: ``global_batch_size`` rows, of which DP rank r of W gets the
+``global_batch_size / W`` rows of its lanes (in lane order). The trainer asks for
+``local_batch_size`` rows per ``next()``, so the loader fetches one recipe step and hands it out
+in ``global_batch_size / (W x local_batch_size)`` consecutive slices (grad-accum steps x pipeline
+microbatches). A checkpoint can only be taken between recipe steps (TorchTitan saves after the
+optimizer step, which is exactly there); ``state_dict()`` in the middle of a recipe step raises,
+because the rows still owed by a half-used step cannot be redistributed to another DP degree.
+Inside TorchTitan's trainer the loader also checks at build time that the trainer's step equals
+the recipe's global batch, and says which flag to change when it does not.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Literal, Optional, Tuple
+
+import numpy as np
+import torch
+
+from torchtitan.components.dataloader import BaseDataLoader
+
+from zephon.engine.checkpoint import SHARED_KEY, decode_state, encode_state, is_lane_key
+from zephon.engine.lanes import valid_world_sizes
+from zephon.engine.node import StateError
+from zephon.recipe import Recipe, RecipeError
+
+__all__ = ["ZephonDataLoader", "with_zephon", "zephon_llama3_debug", "demo_recipe_path", "titan_mm_batch"]
+
+_LOG = logging.getLogger("zephon")
+
+#: keys of a batch that TorchTitan's decoder models (llama3, qwen3, ...) accept besides ``input``
+MODEL_KEYS = ("positions",)
+
+#: TorchTitan's ``MultiModalTokenizer.TOKEN_FIELDS`` -> zephon's placeholder names
+_SPECIAL_FIELDS = {"image": "image", "video": "video", "vision_start": "vision_start", "vision_end": "vision_end"}
+
+
+def titan_mm_batch(batch: Dict[str, np.ndarray], lo: int, hi: int, *, special_tokens: Dict[str, int],
+                   merge_size: int, with_positions: bool = True,
+                   with_mrope: bool = True) -> Tuple[Dict[str, Any], torch.Tensor]:
+    """Rows ``lo:hi`` of a zephon multimodal batch in TorchTitan 0.3.0's multimodal batch format
+    (what ``MultiModalCollator`` yields, so Qwen3.5's ``forward`` takes it as is)::
+
+        input            int64 [rows, seq_len]
+        positions        int64 [rows, seq_len]   (reset per document)
+        mrope_positions  int64 [rows, seq_len, 3] (T/H/W rotary positions)
+        pixel_values     float32 [images, max_patches, patch_dim] (zero-padded per image; max_patches
+                         rounded up to a multiple of merge_size**2), or None without images
+        grid_thw         int64 [images, 3], or None
+        pixel_values_videos, grid_thw_videos: None
+        special_tokens   {"image_id", "video_id", "vision_start_id", "vision_end_id", "pad_id"}
+
+    and labels int64 [rows, seq_len] (already shifted; -100 on vision tokens and padding).
+    Images are in token order (row-major), as the model's ``get_vision_positions`` expects.
+    zephon-only fields (``provenance``, ``document_ids``, ``dataset``) are left out: use
+    :meth:`ZephonDataLoader.on_local_batch` to see them.
+
+    >>> z = np.zeros((2, 8), np.int64)
+    >>> batch = {"input": z, "labels": z, "positions": z, "mrope_positions": np.zeros((2, 8, 3), np.int64),
+    ...          "images_per_row": np.array([0, 2]), "grid_thw": np.array([[1, 2, 2], [1, 2, 4]]),
+    ...          "pixel_values": np.ones((12, 1536), np.float32), "provenance": [(), ()]}
+    >>> inputs, labels = titan_mm_batch(batch, 1, 2, special_tokens={"image_id": 9}, merge_size=2)
+    >>> tuple(inputs["pixel_values"].shape), inputs["grid_thw"].tolist(), tuple(labels.shape)
+    ((2, 8, 1536), [[1, 2, 2], [1, 2, 4]], (1, 8))
+    >>> "provenance" in inputs, inputs["pixel_values_videos"], inputs["special_tokens"]
+    (False, None, {'image_id': 9})
+    """
+    per_row = batch["images_per_row"]
+    starts = np.concatenate([[0], np.cumsum(per_row)])
+    i0, i1 = int(starts[lo]), int(starts[hi])
+    grids = batch["grid_thw"]
+    patches = grids.prod(axis=1) if len(grids) else np.zeros(0, np.int64)
+    pstart = np.concatenate([[0], np.cumsum(patches)])
+    out: Dict[str, Any] = {"input": torch.from_numpy(np.ascontiguousarray(batch["input"][lo:hi], dtype=np.int64))}
+    if with_positions:
+        out["positions"] = torch.from_numpy(np.ascontiguousarray(batch["positions"][lo:hi], dtype=np.int64))
+    if i1 > i0:
+        counts = patches[i0:i1]
+        unit = merge_size * merge_size
+        width = int(counts.max())
+        width = -(-width // unit) * unit
+        pv = np.zeros((i1 - i0, width, batch["pixel_values"].shape[1]), dtype=np.float32)
+        for j in range(i1 - i0):
+            a, b = int(pstart[i0 + j]), int(pstart[i0 + j + 1])
+            pv[j, : b - a] = batch["pixel_values"][a:b]
+        out["pixel_values"] = torch.from_numpy(pv)
+        out["grid_thw"] = torch.from_numpy(np.ascontiguousarray(grids[i0:i1], dtype=np.int64))
+    else:
+        out["pixel_values"] = None
+        out["grid_thw"] = None
+    out["pixel_values_videos"] = None
+    out["grid_thw_videos"] = None
+    if with_mrope and "mrope_positions" in batch:
+        out["mrope_positions"] = torch.from_numpy(np.ascontiguousarray(batch["mrope_positions"][lo:hi], dtype=np.int64))
+    out["special_tokens"] = dict(special_tokens)
+    labels = torch.from_numpy(np.ascontiguousarray(batch["labels"][lo:hi], dtype=np.int64))
+    return out, labels
+
+
+def demo_recipe_path(root: Optional[str] = None) -> str:
+    """The bundled demo recipe (data generated on first use; safe with many ranks at once)."""
+    from zephon.tools.demo import demo_root, write_demo_recipe
+
+    root = demo_root(root)
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, ".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # ranks of one node generate the corpus once
+        try:
+            return write_demo_recipe(root)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _current_trainer_init() -> Any:
+    """The TorchTitan ``Trainer`` whose ``__init__`` is building us, if any (for checks only)."""
+    mod = sys.modules.get("torchtitan.trainer")
+    trainer_cls = getattr(mod, "Trainer", None)
+    if trainer_cls is None:
+        return None
+    f = sys._getframe(1)
+    while f is not None:
+        obj = f.f_locals.get("self")
+        if isinstance(obj, trainer_cls):
+            # only the trainer's own loader (built in __init__); the validator builds its loader
+            # later, from train(), and has no gradient accumulation
+            return obj if f.f_code.co_name == "__init__" else None
+        f = f.f_back
+    return None
+
+
+class ZephonDataLoader(BaseDataLoader):
+    """One DP rank's zephon loader for TorchTitan: yields ``({"input", "positions"}, labels)``.
+
+    Built by the trainer as ``config.build(dp_world_size=, dp_rank=, tokenizer=, seq_len=,
+    local_batch_size=, ...)``; see the module docstring for the contract.
+
+    >>> import tempfile
+    >>> from zephon.tools.demo import write_demo_recipe
+    >>> path = write_demo_recipe(tempfile.mkdtemp(), scale=0.01)
+    >>> loader = ZephonDataLoader(ZephonDataLoader.Config(recipe=path, workers=0), dp_world_size=2, dp_rank=1,
+    ...                           local_batch_size=4)
+    >>> inputs, labels = next(loader)
+    >>> sorted(inputs), tuple(inputs["input"].shape), loader.microbatches_per_step
+    (['input', 'positions'], (4, 256), 4)
+    >>> for _ in range(3):   # the rest of the recipe step: a checkpoint falls between steps
+    ...     _ = next(loader)
+    >>> sorted(loader.state_dict())[:2]   # rank 1 of 2 owns lanes 8..15 of 16
+    ['lane_00008', 'lane_00009']
+    >>> loader.close()
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):
+        recipe: str = ""
+        """Path of the zephon recipe (TOML), or "demo" for the bundled demo data."""
+
+        seed: int | None = None
+        """Override the recipe's seed (a new data definition)."""
+
+        lanes: int | None = None
+        """Override the recipe's lane count (a new data definition; every DP degree must divide it)."""
+
+        recipe_seq_len: int | None = None
+        """Override the recipe's seq_len (a new data definition; must equal training.seq_len)."""
+
+        global_batch_size: int | None = None
+        """Override the recipe's global batch in rows (a new data definition)."""
+
+        workers: int | None = None
+        """Override the recipe's worker count (performance only: never changes the data)."""
+
+        backend: Literal["thread", "process"] | None = None
+        """Override the recipe's worker backend (performance only)."""
+
+        with_positions: bool = True
+        """Pass per-document ``positions`` to the model (RoPE and document masks)."""
+
+        check_tokenizer: bool = True
+        """Refuse a trainer tokenizer whose vocabulary differs from the recipe's."""
+
+        log_every: int = 100
+        """Log the pipeline's metrics (records/s per node, time waiting on workers, skipped
+        records, packing efficiency) every N recipe steps through the ``zephon`` logger; 0 = never."""
+
+        infinite: bool = True
+        """Accepted for TorchTitan's validator; how long data lasts is the recipe's choice
+        (dataset ``policy``). With a repeating recipe set ``validator.steps`` > 0."""
+
+        def load_recipe(self) -> Recipe:
+            """The recipe with this config's overrides applied (validated)."""
+            path = self.recipe
+            if not path:
+                raise RecipeError(
+                    "ZephonDataLoader.Config.recipe is empty: set it to a recipe TOML path "
+                    "(--dataloader.recipe path/to/recipe.toml), or \"demo\" for the bundled demo data"
+                )
+            if path == "demo":
+                path = demo_recipe_path()
+            recipe = Recipe.from_toml(path)
+            changes: Dict[str, Any] = {}
+            for field_name, key in (("seed", "seed"), ("lanes", "lanes"), ("recipe_seq_len", "seq_len"),
+                                    ("global_batch_size", "global_batch_size")):
+                value = getattr(self, field_name)
+                if value is not None:
+                    changes[key] = value
+            if self.workers is not None or self.backend is not None:
+                w = dict(recipe.raw.get("workers", {}))
+                if self.workers is not None:
+                    w["count"] = self.workers
+                if self.backend is not None:
+                    w["backend"] = self.backend
+                changes["workers"] = w
+            return recipe.replace(**changes) if changes else recipe
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int = 1,
+        dp_rank: int = 0,
+        tokenizer: Any = None,
+        seq_len: Optional[int] = None,
+        local_batch_size: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
+        self.config = config
+        self.recipe = config.load_recipe()
+        r = self.recipe
+        self.dp_world_size, self.dp_rank = int(dp_world_size), int(dp_rank)
+        W = self.dp_world_size
+        if W < 1 or not 0 <= self.dp_rank < W:
+            raise ValueError(f"zephon.titan: dp_rank must be in [0, dp_world_size), got {dp_rank} of {dp_world_size}")
+        if r.lanes % W:
+            raise ValueError(
+                f"zephon.titan: the data-parallel degree is {W} but the recipe has lanes = {r.lanes}, which {W} does "
+                f"not divide. Run with a DP degree in {valid_world_sizes(r.lanes)}, or start a new run with a lane "
+                f"count that every DP degree you will use divides (e.g. lanes = {math.lcm(r.lanes, W)}; "
+                "--dataloader.lanes N, which changes the data definition)."
+            )
+        if seq_len is not None and seq_len != r.seq_len:
+            raise ValueError(
+                f"zephon.titan: training.seq_len = {seq_len} but the recipe has seq_len = {r.seq_len}. Set "
+                f"--training.seq_len {r.seq_len}, or change the recipe (seq_len = {seq_len} in the TOML, or "
+                f"--dataloader.recipe_seq_len {seq_len}; either is a new data definition)."
+            )
+        self.rows_per_step = r.global_batch_size // W  # this rank's rows of one recipe step
+        self.local_batch_size = int(local_batch_size) if local_batch_size is not None else self.rows_per_step
+        lbs = self.local_batch_size
+        if lbs < 1 or self.rows_per_step % lbs:
+            good = _divisors(self.rows_per_step)
+            raise ValueError(
+                f"zephon.titan: the recipe's global batch is {r.global_batch_size} rows, so each of {W} DP ranks gets "
+                f"{self.rows_per_step} rows per step, which local_batch_size = {lbs} does not divide. Set "
+                f"--training.local_batch_size to one of {good} (with --training.global_batch_size "
+                f"{r.global_batch_size}; gradient accumulation = {self.rows_per_step} / local_batch_size), or "
+                f"change the recipe's global_batch_size."
+            )
+        #: ``next()`` calls per recipe step (= grad-accum steps x pipeline microbatches)
+        self.microbatches_per_step = self.rows_per_step // lbs
+        self._check_trainer()
+        if tokenizer is not None and config.check_tokenizer:
+            self._check_tokenizer(tokenizer)
+        self._router = r.router(W, self.dp_rank)
+        self.special_tokens: Dict[str, int] = {}
+        if r.multimodal:
+            p = r.prepare()
+            self.special_tokens = {f"{k}_id": v for k, v in p.special.items()}
+            self.special_tokens["pad_id"] = p.tokenizer.pad_id if p.tokenizer.pad_id is not None else (p.tokenizer.eos_id or 0)
+        self._buffer: Optional[Dict[str, Any]] = None
+        self._offset = 0  # rows of the buffered recipe step already handed out
+        self._exhausted = False
+
+    # -- checks ------------------------------------------------------------------------------
+    def _check_trainer(self) -> None:
+        trainer = _current_trainer_init()
+        if trainer is None:
+            return
+        ga = getattr(trainer, "gradient_accumulation_steps", None)
+        pp = getattr(trainer, "num_pipeline_parallel_microbatches", 1)
+        if not isinstance(ga, int) or not isinstance(pp, int):
+            return
+        calls = ga * pp
+        if calls != self.microbatches_per_step:
+            trainer_global = calls * self.local_batch_size * self.dp_world_size
+            G = self.recipe.global_batch_size
+            raise ValueError(
+                f"zephon.titan: TorchTitan's optimizer step is {trainer_global} rows ({ga} gradient-accumulation "
+                f"step(s) x {pp} microbatch(es) x {self.local_batch_size} rows x {self.dp_world_size} DP ranks) but "
+                f"the recipe's global batch is {G} rows. Set --training.global_batch_size {G} (or use "
+                f"zephon.titan.with_zephon, which does), so that one trainer step is one recipe step; otherwise "
+                "checkpoints fall in the middle of a recipe step and cannot resume on another DP degree."
+            )
+
+    def _check_tokenizer(self, tokenizer: Any) -> None:
+        get = getattr(tokenizer, "get_vocab_size", None)
+        if get is None:
+            return
+        ours = self.recipe.prepare().tokenizer
+        if self.recipe.multimodal:
+            for name, ours_id in self.recipe.prepare().special.items():
+                theirs_id = getattr(tokenizer, f"{name}_id", None)
+                if theirs_id is not None and int(theirs_id) != ours_id:
+                    raise ValueError(
+                        f"zephon.titan: the trainer's tokenizer has {name}_id = {theirs_id}, the recipe's placeholder "
+                        f"[vision].{name}_token has id {ours_id}; use the same tokenizer (hf_assets_path) and tokens")
+        theirs = int(get())
+        if theirs != ours.vocab_size or getattr(tokenizer, "eos_id", ours.eos_id) != ours.eos_id:
+            raise ValueError(
+                f"zephon.titan: the trainer's tokenizer (hf_assets_path) has {theirs} tokens and eos_id "
+                f"{getattr(tokenizer, 'eos_id', None)}, the recipe's tokenizer at {self.recipe.tokenizer_path!r} has "
+                f"{ours.vocab_size} tokens and eos_id {ours.eos_id}. Set --hf_assets_path to the recipe's tokenizer "
+                "folder (or the same vocabulary), or --dataloader.check_tokenizer false if you know they agree."
+            )
+
+    # -- iteration ---------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Recipe steps fetched by this rank (the router's step counter)."""
+        return self._router.step
+
+    def on_local_batch(self, step: int, batch: Dict[str, np.ndarray]) -> None:
+        """Hook: called once per recipe step with this rank's whole local batch (numpy, all fields,
+        lanes in order, ``rows_per_step`` rows). ``step`` counts from 1. Default: nothing."""
+
+    def _fetch(self) -> None:
+        batch = next(self._router)
+        self.on_local_batch(self._router.step, batch)
+        every = self.config.log_every
+        if every and self._router.step % every == 0:
+            self.log_metrics()
+        if self.recipe.multimodal:
+            self._buffer = batch  # numpy; sliced and laid out per microbatch in __next__
+            self._offset = 0
+            return
+        keys = ("input", "labels") + (MODEL_KEYS if self.config.with_positions else ())
+        self._buffer = {k: torch.from_numpy(np.ascontiguousarray(batch[k], dtype=np.int64)) for k in keys}
+        self._offset = 0
+
+    def __next__(self) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
+        if self._exhausted:
+            raise StopIteration
+        if self._buffer is None or self._offset >= self.rows_per_step:
+            try:
+                self._fetch()
+            except StopIteration:
+                self._exhausted = True
+                raise
+        lo, hi = self._offset, self._offset + self.local_batch_size
+        self._offset = hi
+        b = self._buffer
+        assert b is not None
+        if self.recipe.multimodal:
+            return titan_mm_batch(b, lo, hi, special_tokens=self.special_tokens,
+                                  merge_size=self.recipe.vision.merge_size, with_positions=self.config.with_positions)
+        inputs = {"input": b["input"][lo:hi]}
+        for k in MODEL_KEYS:
+            if k in b:
+                inputs[k] = b[k][lo:hi]
+        return inputs, b["labels"][lo:hi]
+
+    def __iter__(self) -> Iterator[Tuple[Dict[str, torch.Tensor], torch.Tensor]]:
+        return self
+
+    # -- checkpointing -----------------------------------------------------------------------
+    def metrics(self) -> Dict[str, Any]:
+        """This rank's pipeline metrics, summed over its lanes, per node type."""
+        return self._router.summary_metrics()
+
+    def log_metrics(self) -> str:
+        """Log (and return) a one-line summary of :meth:`metrics` via the ``zephon`` logger."""
+        m = self.metrics()
+        parts = [f"step {self._router.step}"]
+        for name, v in m.items():
+            rate = v.get("items_per_s")
+            parts.append(f"{name} {v.get('items', 0)} items" + (f" {rate:,.0f}/s" if rate else ""))
+        if "OrderedMapper" in m:
+            parts.append(f"waited on workers {m['OrderedMapper'].get('wait_workers_s', 0):.2f} s")
+        if "Pack" in m and "efficiency" in m["Pack"]:
+            parts.append(f"packing {m['Pack']['efficiency']:.1%}")
+        skipped = m.get("SkipCounter", {}).get("skipped", {})
+        if any(skipped.values()):
+            parts.append("skipped " + ", ".join(f"{k}={v}" for k, v in skipped.items() if v))
+        line = f"zephon rank {self.dp_rank}: " + "; ".join(parts)
+        _LOG.info(line)
+        return line
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``{"zephon": bytes, "lane_NNNNN": bytes, ...}``: one JSON value per owned lane."""
+        if self._buffer is not None and 0 < self._offset < self.rows_per_step:
+            raise StateError(
+                f"zephon.titan: state_dict() called after {self._offset // self.local_batch_size} of "
+                f"{self.microbatches_per_step} microbatches of recipe step {self._router.step}. A checkpoint must "
+                "fall between optimizer steps: make one trainer step consume exactly the recipe's global batch "
+                f"(--training.global_batch_size {self.recipe.global_batch_size})."
+            )
+        return encode_state(self._router.state_dict())
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore this rank's lanes from a (DCP-merged) lane-keyed state; empty = keep fresh."""
+        if not state_dict:
+            return
+        foreign = [k for k in state_dict if k != SHARED_KEY and not is_lane_key(k)]
+        if foreign or SHARED_KEY not in state_dict:
+            raise StateError(
+                f"zephon.titan: the checkpoint's dataloader state has keys {sorted(state_dict)[:4]}..., not zephon's "
+                f"({SHARED_KEY!r} and lane_NNNNN): it was written by another dataloader. Resume with the loader that "
+                "wrote it, or load the model only (--checkpoint.exclude_from_loading dataloader)."
+            )
+        entries = {k: (v.tobytes() if isinstance(v, torch.Tensor) else v) for k, v in state_dict.items()}
+        try:
+            state = decode_state(entries)
+            self._router.reset(state)
+        except StateError as e:
+            raise StateError(f"zephon.titan: cannot restore the dataloader from this checkpoint: {e}") from None
+        self._buffer = None
+        self._offset = 0
+        self._exhausted = False
+
+    def close(self) -> None:
+        """Stop this rank's workers (idempotent)."""
+        self._router.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort; close() is the real API
+        try:
+            router = self.__dict__.get("_router")
+            if router is not None:
+                router.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (f"ZephonDataLoader(rank {self.dp_rank}/{self.dp_world_size}, lanes={self.recipe.lanes}, "
+                f"global_batch_size={self.recipe.global_batch_size}, local_batch_size={self.local_batch_size}, "
+                f"microbatches_per_step={self.microbatches_per_step})")
+
+
+# -- config functions ------------------------------------------------------------------------
+def with_zephon(trainer_config: Any, recipe: str, *, local_batch_size: Optional[int] = None, **overrides: Any) -> Any:
+    """Make any TorchTitan ``Trainer.Config`` train on a zephon recipe; returns the same object.
+
+    Sets ``dataloader``, ``training.seq_len`` and ``training.global_batch_size`` from the recipe
+    (``overrides`` are :class:`ZephonDataLoader.Config` fields, e.g. ``workers=4``), and
+    ``checkpoint.last_save_model_only = False`` so the last checkpoint keeps the loader state.
+    ``local_batch_size`` (rows per ``next()``) defaults to the config's own if it divides the
+    global batch, else to the global batch.
+    """
+    cfg = ZephonDataLoader.Config(recipe=recipe, **overrides)
+    r = cfg.load_recipe()
+    trainer_config.dataloader = cfg
+    trainer_config.training.seq_len = r.seq_len
+    trainer_config.training.global_batch_size = r.global_batch_size
+    if local_batch_size is not None:
+        trainer_config.training.local_batch_size = local_batch_size
+    elif r.global_batch_size % trainer_config.training.local_batch_size:
+        trainer_config.training.local_batch_size = r.global_batch_size
+    if getattr(trainer_config, "checkpoint", None) is not None and hasattr(trainer_config.checkpoint, "last_save_model_only"):
+        trainer_config.checkpoint.last_save_model_only = False
+    return trainer_config
+
+
+def resize_vocab(trainer_config: Any, vocab_size: int) -> Any:
+    """Set a decoder model's vocabulary (embedding, output layer, loss) to ``vocab_size``."""
+    model = trainer_config.model_spec.model
+    model.vocab_size = vocab_size
+    if getattr(model, "tok_embeddings", None) is not None:
+        model.tok_embeddings.num_embeddings = vocab_size
+    if getattr(model, "lm_head", None) is not None:
+        model.lm_head.out_features = vocab_size
+    loss = trainer_config.loss
+    inner = getattr(loss, "loss_fn", loss)
+    if hasattr(inner, "global_vocab_size"):
+        inner.global_vocab_size = vocab_size
+    return trainer_config
+
+
+def zephon_llama3_debug() -> Any:
+    """``--module zephon.titan --config zephon_llama3_debug``: TorchTitan's llama3 debug model
+    (vocabulary resized to the bundled tokenizer's 4096 tokens) on the bundled demo data
+    (16 lanes, seq_len 256, global batch 32 rows; local_batch_size 8: gradient accumulation
+    4 / W on W = 1, 2 or 4 DP ranks; pass --training.local_batch_size 4 on 8 ranks, 2 on 16)."""
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+    from zephon.tools.demo import TOKENIZER_DIR
+
+    config = llama3_debugmodel()
+    config.hf_assets_path = TOKENIZER_DIR
+    with_zephon(config, "demo", local_batch_size=8)
+    resize_vocab(config, 4096)
+    config.validator.enable = False
+    return config
