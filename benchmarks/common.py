@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from typing import Any, Callable, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
-def run_chunks(fn: Callable[[Any], int], chunks: Sequence[Any], threads: int, target: int,
-               cpu: Optional[Callable[[], float]] = None) -> Tuple[int, float, Optional[float]]:
+def run_chunks(
+    fn: Callable[[Any], int],
+    chunks: Sequence[Any],
+    threads: int,
+    target: int,
+    cpu: Callable[[], float] | None = None,
+) -> tuple[int, float, float | None]:
     """Run ``fn`` (chunk -> units done) over ``chunks`` (cycling) on ``threads`` threads until
     ``target`` units, keeping 4 chunks per thread in flight and collecting in order, like a loader
     would. Returns (units, seconds, CPU seconds or None): how the limits are measured."""
@@ -37,8 +43,9 @@ def run_chunks(fn: Callable[[Any], int], chunks: Sequence[Any], threads: int, ta
     return total, dt, (c1 - c0 if cpu else None)
 
 
-def bracketed_rounds(plan: dict, has_zephon: bool, others: Callable[[int, int], list],
-                     measure: Callable[[str, int, int, int], None]) -> None:
+def bracketed_rounds(
+    plan: dict, has_zephon: bool, others: Callable[[int, int], list], measure: Callable[[str, int, int, int], None]
+) -> None:
     """Each other contender runs between two zephon runs (Z X1 Z X2 Z ... Z), the order of the
     others reversed every round, so its ratio uses the zephon runs right before and after it and
     machine drift cancels. ``others(round, threads)`` lists the contenders of that pass."""

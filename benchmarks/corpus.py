@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict
 
-SIZES: Dict[str, Dict[str, int]] = {
+SIZES: dict[str, dict[str, int]] = {
     # shards x docs per shard; ~1.7 KB per document on average
     "smoke": {"shards": 2, "docs": 150},  # ~0.5 MB
     "small": {"shards": 8, "docs": 2500},  # ~34 MB
@@ -24,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, ".data")
 
 
-def text_corpus(size: str) -> Dict[str, object]:
+def text_corpus(size: str) -> dict[str, object]:
     """Generate (once) and describe the JSONL corpus of ``size``: dir, glob, files, bytes, docs."""
     from zephon.tools.synth import generate_documents, write_jsonl
 
@@ -38,16 +37,22 @@ def text_corpus(size: str) -> Dict[str, object]:
             if not os.path.exists(path):
                 write_jsonl(path, generate_documents("web", spec["docs"], seed=1000 + k))
         with open(marker, "w") as f:
-            json.dump({"shards": spec["shards"], "docs": spec["docs"],
-                       "bytes": sum(os.path.getsize(p) for p in files)}, f)
+            json.dump(
+                {"shards": spec["shards"], "docs": spec["docs"], "bytes": sum(os.path.getsize(p) for p in files)}, f
+            )
     with open(marker) as f:
         info = json.load(f)
-    return {"dir": root, "glob": os.path.join(root, "*.jsonl"), "files": files,
-            "bytes": info["bytes"], "docs": info["shards"] * info["docs"]}
+    return {
+        "dir": root,
+        "glob": os.path.join(root, "*.jsonl"),
+        "files": files,
+        "bytes": info["bytes"],
+        "docs": info["shards"] * info["docs"],
+    }
 
 
 # =========================================================================== vision half
-VISION_SIZES: Dict[str, Dict[str, int]] = {
+VISION_SIZES: dict[str, dict[str, int]] = {
     # shards x images per shard; sides drawn uniformly in [min_side, max_side]
     "smoke": {"shards": 2, "images": 24, "min_side": 160, "max_side": 320},
     "small": {"shards": 8, "images": 400, "min_side": 200, "max_side": 640},  # 3,200 images
@@ -65,7 +70,7 @@ def _raw_bytes(bg, n: int):
     return bg.random_raw(-(-n // 8)).view(np.uint8)[:n]
 
 
-def draw_image(seed: int, i: int, min_side: int, max_side: int) -> Dict[str, object]:
+def draw_image(seed: int, i: int, min_side: int, max_side: int) -> dict[str, object]:
     """Image ``i`` of ``seed``: ``{"image": encoded bytes, "ext": "jpg"|"png", "width", "height"}``.
 
     JPEG (3 in 4): a photo-like picture: a smooth colour field (a random 3x3..10x10 grid upscaled
@@ -161,7 +166,7 @@ def vl_tokenizer() -> str:
     return folder
 
 
-def vision_corpus(size: str) -> Dict[str, object]:
+def vision_corpus(size: str) -> dict[str, object]:
     """Generate (once) and describe the image-text corpus of ``size``: WebDataset ``.tar`` shards
     (``{key}.jpg`` or ``{key}.png`` + ``{key}.txt`` per sample) under ``.data/vision_<size>/``.
     Shard ``k`` holds images ``k * images .. (k + 1) * images - 1`` of seed 2000."""
@@ -189,7 +194,15 @@ def vision_corpus(size: str) -> Dict[str, object]:
             json.dump(dict(spec, bytes=sum(os.path.getsize(p) for p in files), **stats), f)
     with open(marker) as f:
         info = json.load(f)
-    return {"dir": root, "glob": os.path.join(root, "*.tar"), "files": files, "bytes": info["bytes"],
-            "images": info["shards"] * info["images"], "jpg": info["jpg"], "png": info["png"],
-            "mean_pixels": info["pixels"] / (info["shards"] * info["images"]),
-            "min_side": info["min_side"], "max_side": info["max_side"]}
+    return {
+        "dir": root,
+        "glob": os.path.join(root, "*.tar"),
+        "files": files,
+        "bytes": info["bytes"],
+        "images": info["shards"] * info["images"],
+        "jpg": info["jpg"],
+        "png": info["png"],
+        "mean_pixels": info["pixels"] / (info["shards"] * info["images"]),
+        "min_side": info["min_side"],
+        "max_side": info["max_side"],
+    }

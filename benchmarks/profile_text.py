@@ -15,7 +15,8 @@ import os
 import re
 import shutil
 import sys
-from typing import Any, Dict, Iterator, List, Tuple
+from collections.abc import Iterator
+from typing import Any
 
 # imports and the benchmark's own memory sampler are not the loader's work
 _DROP = ("_find_and_load", "RssSampler", "psutil/")
@@ -36,7 +37,7 @@ def _short(frame: str) -> str:
     return f"{m.group('fn')} ({f})"
 
 
-def samples(raw_path: str) -> Iterator[Tuple[str, List[str], int]]:
+def samples(raw_path: str) -> Iterator[tuple[str, list[str], int]]:
     """(thread name, frames outermost first, sample count) of each stack in a py-spy raw file;
     imports and the harness's own sampler are left out."""
     with open(raw_path) as f:
@@ -58,17 +59,17 @@ def samples(raw_path: str) -> Iterator[Tuple[str, List[str], int]]:
             yield (thread.split(": ", 1)[1] if ": " in thread else "(unnamed thread)"), frames, count
 
 
-def summarise(raw_path: str, top: int = 15) -> Dict[str, Any]:
-    threads: Dict[str, int] = collections.Counter()
-    self_c: Dict[str, int] = collections.Counter()
-    incl: Dict[str, int] = collections.Counter()
+def summarise(raw_path: str, top: int = 15) -> dict[str, Any]:
+    threads: dict[str, int] = collections.Counter()
+    self_c: dict[str, int] = collections.Counter()
+    incl: dict[str, int] = collections.Counter()
     total = 0
     for tname, frames, n in samples(raw_path):
         threads[tname] += n
         total += n
         if frames:
             self_c[_short(frames[-1])] += n
-            for fr in set(_short(x) for x in frames):
+            for fr in {_short(x) for x in frames}:
                 incl[fr] += n
     pct = lambda c: round(100.0 * c / total, 1) if total else 0.0  # noqa: E731
     return {
@@ -79,14 +80,15 @@ def summarise(raw_path: str, top: int = 15) -> Dict[str, Any]:
     }
 
 
-def profile_zephon(runner, settings: Dict[str, Any], threads: int, steps: int, tmp: str) -> Dict[str, Any]:
+def profile_zephon(runner, settings: dict[str, Any], threads: int, steps: int, tmp: str) -> dict[str, Any]:
     pyspy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(pyspy):
         return {"error": "py-spy is not installed (pip install py-spy)"}
     raw = os.path.join(tmp, f"pyspy_{threads}.txt")
-    res = runner.call({"kind": "throughput", "contender": "zephon", "threads": threads, "steps": steps,
-                       "settings": settings},
-                      prefix=[pyspy, "record", "-r", "200", "--threads", "-f", "raw", "-o", raw, "--"])
+    res = runner.call(
+        {"kind": "throughput", "contender": "zephon", "threads": threads, "steps": steps, "settings": settings},
+        prefix=[pyspy, "record", "-r", "200", "--threads", "-f", "raw", "-o", raw, "--"],
+    )
     if not res.get("ok") or not os.path.exists(raw):
         return {"error": res.get("error", "py-spy wrote no profile")}
     out = summarise(raw)

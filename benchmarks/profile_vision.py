@@ -19,7 +19,7 @@ import linecache
 import os
 import shutil
 import sys
-from typing import Any, Dict
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -29,12 +29,11 @@ if ROOT not in sys.path:
 from benchmarks.profile_text import _FRAME, _short, samples, summarise  # noqa: E402
 
 
-
-def summarise_lines(raw_path: str, top: int = 15) -> Dict[str, Any]:
+def summarise_lines(raw_path: str, top: int = 15) -> dict[str, Any]:
     """Top lines by self samples: ``[(function (file:line), source text, %)]``; and the share of
     samples spent waiting (``Condition.wait``, ``Event.wait``, queue gets, ``lock.acquire``)."""
-    lines: Dict[str, int] = collections.Counter()
-    src: Dict[str, str] = {}
+    lines: dict[str, int] = collections.Counter()
+    src: dict[str, str] = {}
     total = 0
     for _, frames, n in samples(raw_path):
         total += n
@@ -52,15 +51,24 @@ def summarise_lines(raw_path: str, top: int = 15) -> Dict[str, Any]:
     return {"lines": [(k, src.get(k, ""), pct(c)) for k, c in lines.most_common(top)]}
 
 
-def profile_zephon_vision(runner, settings: Dict[str, Any], threads: int, steps: int, warmup: int,
-                          tmp: str) -> Dict[str, Any]:
+def profile_zephon_vision(
+    runner, settings: dict[str, Any], threads: int, steps: int, warmup: int, tmp: str
+) -> dict[str, Any]:
     pyspy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(pyspy):
         return {"error": "py-spy is not installed (pip install py-spy)"}
     raw = os.path.join(tmp, f"pyspy_vision_{threads}.txt")
-    res = runner.call({"kind": "vthroughput", "contender": "zephon", "threads": threads, "steps": steps,
-                       "warmup": warmup, "settings": settings},
-                      prefix=[pyspy, "record", "-r", "200", "--threads", "-f", "raw", "-o", raw, "--"])
+    res = runner.call(
+        {
+            "kind": "vthroughput",
+            "contender": "zephon",
+            "threads": threads,
+            "steps": steps,
+            "warmup": warmup,
+            "settings": settings,
+        },
+        prefix=[pyspy, "record", "-r", "200", "--threads", "-f", "raw", "-o", raw, "--"],
+    )
     if not res.get("ok") or not os.path.exists(raw):
         return {"error": res.get("error", "py-spy wrote no profile")}
     out = summarise(raw)

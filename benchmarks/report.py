@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +64,7 @@ def _f(x, fmt="{:.3f}", none="n/a"):
     return none if x is None else fmt.format(x)
 
 
-def _bracket(data: Dict[str, Any], key: str = "tokens_per_s") -> Dict[tuple, Dict[str, float]]:
+def _bracket(data: dict[str, Any], key: str = "tokens_per_s") -> dict[tuple, dict[str, float]]:
     """(threads, round) -> contender -> zephon's ``key`` (tokens/s; images/s in the vision half)
     around it divided by its own (geometric mean of the zephon runs right before and after it in
     the same round)."""
@@ -71,7 +72,7 @@ def _bracket(data: Dict[str, Any], key: str = "tokens_per_s") -> Dict[tuple, Dic
     for r in data["throughput"]:
         if "error" not in r:
             runs[(r["threads"], r["round"])].append(r)
-    out: Dict[tuple, Dict[str, float]] = {}
+    out: dict[tuple, dict[str, float]] = {}
     for tr, rs in runs.items():
         z = {r["slot"]: r[key] for r in rs if r["contender"] == "zephon"}
         d = {}
@@ -86,14 +87,14 @@ def _bracket(data: Dict[str, Any], key: str = "tokens_per_s") -> Dict[tuple, Dic
     return out
 
 
-def aggregate(data: Dict[str, Any]) -> Dict[str, Any]:
+def aggregate(data: dict[str, Any]) -> dict[str, Any]:
     by = defaultdict(list)  # (contender, threads) -> results
     for r in data["throughput"]:
         if "error" not in r:
             by[(r["contender"], r["threads"])].append(r)
     errors = [r for r in data["throughput"] if "error" in r]
     br = _bracket(data)
-    agg: Dict[str, Any] = {}
+    agg: dict[str, Any] = {}
     for (c, t), rs in by.items():
         rounds = [d for (tt, _), d in br.items() if tt == t]
         if c == "zephon":
@@ -105,12 +106,18 @@ def aggregate(data: Dict[str, Any]) -> Dict[str, Any]:
             ratios_l = [d["limit"] / d[c] for d in rounds if c in d and "limit" in d] if c != "limit" else [1.0]
         st = [r.get("state") or {} for r in rs]
         agg[f"{c}@{t}"] = {
-            "contender": c, "threads": t, "n": len(rs),
+            "contender": c,
+            "threads": t,
+            "n": len(rs),
             "tokens_per_s": _med([r["tokens_per_s"] for r in rs]),
-            "min": min(r["tokens_per_s"] for r in rs), "max": max(r["tokens_per_s"] for r in rs),
-            "zephon_over": _med(ratios_z), "of_limit": _med(ratios_l),
-            "zephon_over_all": ratios_z, "of_limit_all": ratios_l,
-            "ttfb_s": _med([r.get("ttfb_s") for r in rs]), "peak_rss_mb": _med([r.get("peak_rss_mb") for r in rs]),
+            "min": min(r["tokens_per_s"] for r in rs),
+            "max": max(r["tokens_per_s"] for r in rs),
+            "zephon_over": _med(ratios_z),
+            "of_limit": _med(ratios_l),
+            "zephon_over_all": ratios_z,
+            "of_limit_all": ratios_l,
+            "ttfb_s": _med([r.get("ttfb_s") for r in rs]),
+            "peak_rss_mb": _med([r.get("peak_rss_mb") for r in rs]),
             "cpu_s_per_mtok": _med([r.get("cpu_s_per_mtok") for r in rs]),
             "state_bytes": _med([s.get("bytes_per_rank") for s in st]),
             "state_format": (st[0].get("format") if st else None),
@@ -120,58 +127,79 @@ def aggregate(data: Dict[str, Any]) -> Dict[str, Any]:
     return {"by": agg, "errors": errors}
 
 
-def _wait_stats(w: Dict[str, Any]) -> Dict[str, float]:
+def _wait_stats(w: dict[str, Any]) -> dict[str, float]:
     ws = sorted(w["waits"])
     n = len(ws)
     q = lambda p: ws[min(n - 1, int(p * n))]  # noqa: E731
-    return {"median_ms": 1000 * statistics.median(ws), "p90_ms": 1000 * q(0.90), "p99_ms": 1000 * q(0.99),
-            "max_ms": 1000 * ws[-1], "mean_ms": 1000 * sum(ws) / n,
-            "over_1ms": sum(1 for x in ws if x > 0.001) / n, "slowdown": sum(ws) / n / (w["ms"] / 1000)}
+    return {
+        "median_ms": 1000 * statistics.median(ws),
+        "p90_ms": 1000 * q(0.90),
+        "p99_ms": 1000 * q(0.99),
+        "max_ms": 1000 * ws[-1],
+        "mean_ms": 1000 * sum(ws) / n,
+        "over_1ms": sum(1 for x in ws if x > 0.001) / n,
+        "slowdown": sum(ws) / n / (w["ms"] / 1000),
+    }
 
 
-def write_report(data: Dict[str, Any], stem: str) -> str:
+def write_report(data: dict[str, Any], stem: str) -> str:
     from benchmarks.run import LABELS
 
     A = aggregate(data)
     by = A["by"]
     threads = data["plan"]["threads"]
-    L: List[str] = []
+    L: list[str] = []
     m, v, c = data["machine"], data["versions"], data["corpus"]
     L.append(f"# zephon text benchmark: `{data['size']}`\n")
-    L.append(f"Produced by `python benchmarks/run.py --size {data['size']}` in {data['wall_s']:.0f} s"
-             f"{' (in-process smoke run: peak RSS is the whole process)' if data.get('inprocess') else ''}.\n")
-    L.append("**Noise**: this is a small shared VM; the same run repeated varies by up to ±20% in absolute "
-             f"speed. Load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_start'])}, at the end "
-             f"{', '.join(f'{x:.2f}' for x in m['loadavg_end'])} (on {m['cores']} cores; the benchmark's own runs use "
-             "up to all of them, so a load near the core count is the benchmark itself). Each round runs every contender back to back in alternating order "
-             "(A B C ... then ... C B A) and ratios are the median of per-round ratios, so most of the noise "
-             "cancels in the ratios.\n")
+    L.append(
+        f"Produced by `python benchmarks/run.py --size {data['size']}` in {data['wall_s']:.0f} s"
+        f"{' (in-process smoke run: peak RSS is the whole process)' if data.get('inprocess') else ''}.\n"
+    )
+    L.append(
+        "**Noise**: this is a small shared VM; the same run repeated varies by up to ±20% in absolute "
+        f"speed. Load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_start'])}, at the end "
+        f"{', '.join(f'{x:.2f}' for x in m['loadavg_end'])} (on {m['cores']} cores; the benchmark's own runs use "
+        "up to all of them, so a load near the core count is the benchmark itself). "
+        "Each round runs every contender back to back in alternating order "
+        "(A B C ... then ... C B A) and ratios are the median of per-round ratios, so most of the noise "
+        "cancels in the ratios.\n"
+    )
     L.append("## Machine, versions, settings\n")
-    L.append(f"- CPU: {m['cpu']}, {m['cores']} cores (affinity {m['affinity']}), {m['memory_gib']} GiB; {m['platform']}")
+    L.append(
+        f"- CPU: {m['cpu']}, {m['cores']} cores (affinity {m['affinity']}), {m['memory_gib']} GiB; {m['platform']}"
+    )
     L.append("- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
     s = data["settings"]
-    L.append(f"- Corpus: {c['docs']} synthetic web documents (`zephon.synth`, style `web`), {c['bytes'] / 1e6:.1f} MB "
-             f"of JSONL in {data['shards']} shards; tokenizer: bundled 4096-vocab byte-level BPE")
-    L.append(f"- seq_len {s['seq_len']}, batches of {s['batch_rows']} rows, zephon lanes {s['lanes']} "
-             f"(world size 1), shuffle window {s['shuffle_rows']} rows, greedy packing")
+    L.append(
+        f"- Corpus: {c['docs']} synthetic web documents (`zephon.synth`, style `web`), {c['bytes'] / 1e6:.1f} MB "
+        f"of JSONL in {data['shards']} shards; tokenizer: bundled 4096-vocab byte-level BPE"
+    )
+    L.append(
+        f"- seq_len {s['seq_len']}, batches of {s['batch_rows']} rows, zephon lanes {s['lanes']} "
+        f"(world size 1), shuffle window {s['shuffle_rows']} rows, greedy packing"
+    )
     p = data["plan"]
-    L.append(f"- {p['rounds']} round(s); per run: time to first batch, {p.get('warmup', 0)} untimed warm-up batches "
-             "(so that work prefetched while the first batch was made is used up: zephon's 64-row windows "
-             "make the first batch do a whole window's work plus each lane's look-ahead), then "
-             f"{p['steps']} batches timed "
-             f"({p['steps'] * s['batch_rows'] * s['seq_len'] / 1e6:.1f} M tokens); tokens/s = rows x seq_len "
-             "delivered per second to a consumer that does nothing; each run in a fresh process"
-             f"{'' if not data.get('inprocess') else ' (here: in-process)'}")
+    L.append(
+        f"- {p['rounds']} round(s); per run: time to first batch, {p.get('warmup', 0)} untimed warm-up batches "
+        "(so that work prefetched while the first batch was made is used up: zephon's 64-row windows "
+        "make the first batch do a whole window's work plus each lane's look-ahead), then "
+        f"{p['steps']} batches timed "
+        f"({p['steps'] * s['batch_rows'] * s['seq_len'] / 1e6:.1f} M tokens); tokens/s = rows x seq_len "
+        "delivered per second to a consumer that does nothing; each run in a fresh process"
+        f"{'' if not data.get('inprocess') else ' (here: in-process)'}"
+    )
     if data["skipped"]:
         L.append("- Skipped (not installed): " + ", ".join(f"{k} ({w})" for k, w in data["skipped"].items()))
     L.append("")
 
     # ------------------------------------------------------------------ throughput
     L.append("## Throughput (median tokens/s) and ratios\n")
-    L.append("Every other contender ran between two zephon runs (Z X1 Z X2 ... Z, the order reversed each "
-             "round). `zephon ÷ X` is the median over rounds of (geometric mean of the two zephon runs around X) "
-             "/ X; `of limit` is X / limit through the same bracketed ratios (zephon's: the zephon runs "
-             "around the limit's run / the limit). Per-round ratios are listed below the table.\n")
+    L.append(
+        "Every other contender ran between two zephon runs (Z X1 Z X2 ... Z, the order reversed each "
+        "round). `zephon ÷ X` is the median over rounds of (geometric mean of the two zephon runs around X) "
+        "/ X; `of limit` is X / limit through the same bracketed ratios (zephon's: the zephon runs "
+        "around the limit's run / the limit). Per-round ratios are listed below the table.\n"
+    )
     hdr = "| contender |" + "".join(f" {t} thr: M tok/s | zephon ÷ it | of limit |" for t in threads)
     L.append(hdr)
     L.append("|---|" + "---|---|---|" * len(threads))
@@ -185,32 +213,43 @@ def write_report(data: Dict[str, Any], stem: str) -> str:
                 continue
             present = True
             rng = f" ({a['min'] / 1e6:.2f}-{a['max'] / 1e6:.2f})" if a["n"] > 1 else ""
-            cells += [f"{a['tokens_per_s'] / 1e6:.3f}{rng}",
-                      "1" if cname == "zephon" else _f(a["zephon_over"], "{:.2f}x"),
-                      "1" if cname == "limit" else _f(a["of_limit"], "{:.2f}")]
+            cells += [
+                f"{a['tokens_per_s'] / 1e6:.3f}{rng}",
+                "1" if cname == "zephon" else _f(a["zephon_over"], "{:.2f}x"),
+                "1" if cname == "limit" else _f(a["of_limit"], "{:.2f}"),
+            ]
         if present:
             L.append(f"| {LABELS.get(cname, cname)} | " + " | ".join(cells) + " |")
-    L.append("\n(M tok/s: median of all runs, min-max in parentheses; zephon ran once per bracket, so it has "
-             "more runs.)\n")
+    L.append(
+        "\n(M tok/s: median of all runs, min-max in parentheses; zephon ran once per bracket, so it has more runs.)\n"
+    )
     for t in threads:
         for cname in ORDER:
             a = by.get(f"{cname}@{t}")
             if a and cname != "zephon" and a["zephon_over_all"]:
-                L.append(f"- {t} thr, zephon ÷ {LABELS.get(cname, cname)} per round: "
-                         + ", ".join(f"{x:.2f}" for x in a["zephon_over_all"]))
+                L.append(
+                    f"- {t} thr, zephon ÷ {LABELS.get(cname, cname)} per round: "
+                    + ", ".join(f"{x:.2f}" for x in a["zephon_over_all"])
+                )
     L.append("")
     for e in A["errors"]:
         L.append(f"- error: {e['contender']} at {e['threads']} thread(s), round {e['round'] + 1}: `{e['error'][:300]}`")
 
     # ------------------------------------------------------------------ ttfb / memory / state
     L.append("## Time to first batch, peak memory, checkpoint size\n")
-    L.append("Time to first batch: from building the loader (zephon: including `Recipe.prepare()` with a warm "
-             "index cache) to the first batch in hand. Peak RSS: the process and all its children, sampled "
-             "every 50 ms. Checkpoint: the loader's state for this rank after the timed run.\n")
-    L.append("CPU s / M tokens: user + system CPU seconds of the process tree during the timed span per million "
-             "tokens delivered: the cost of the work, much less sensitive to the machine being shared than "
-             "tokens/s.\n")
-    L.append("| contender | threads | first batch (s) | peak RSS (MB) | CPU s / M tokens | checkpoint bytes / rank | max bytes / lane | padding |")
+    L.append(
+        "Time to first batch: from building the loader (zephon: including `Recipe.prepare()` with a warm "
+        "index cache) to the first batch in hand. Peak RSS: the process and all its children, sampled "
+        "every 50 ms. Checkpoint: the loader's state for this rank after the timed run.\n"
+    )
+    L.append(
+        "CPU s / M tokens: user + system CPU seconds of the process tree during the timed span per million "
+        "tokens delivered: the cost of the work, much less sensitive to the machine being shared than "
+        "tokens/s.\n"
+    )
+    L.append(
+        "| contender | threads | first batch (s) | peak RSS (MB) | CPU s / M tokens | checkpoint bytes / rank | max bytes / lane | padding |"
+    )
     L.append("|---|---|---|---|---|---|---|---|")
     for cname in ORDER:
         for t in threads:
@@ -218,9 +257,11 @@ def write_report(data: Dict[str, Any], stem: str) -> str:
             if a is None:
                 continue
             st = f"{a['state_bytes']:.0f} ({a['state_format']})" if a["state_bytes"] is not None else "-"
-            L.append(f"| {LABELS.get(cname, cname)} | {t} | {_f(a['ttfb_s'], '{:.2f}', '-')} | "
-                     f"{_f(a['peak_rss_mb'], '{:.0f}')} | {_f(a['cpu_s_per_mtok'], '{:.2f}')} | {st} | {_f(a['max_lane_bytes'], '{:.0f}', '-')} | "
-                     f"{_f(a['pad_frac'], '{:.2%}', '-')} |")
+            L.append(
+                f"| {LABELS.get(cname, cname)} | {t} | {_f(a['ttfb_s'], '{:.2f}', '-')} | "
+                f"{_f(a['peak_rss_mb'], '{:.0f}')} | {_f(a['cpu_s_per_mtok'], '{:.2f}')} | {st} | {_f(a['max_lane_bytes'], '{:.0f}', '-')} | "
+                f"{_f(a['pad_frac'], '{:.2%}', '-')} |"
+            )
     L.append("")
 
     # ------------------------------------------------------------------ restore
@@ -228,15 +269,22 @@ def write_report(data: Dict[str, Any], stem: str) -> str:
     L.append("## zephon: restore time vs step, checkpoint size\n")
     if rs.get("ok"):
         r = rs["result"]
-        L.append(f"{r['threads']} worker threads, 8 lanes. A loader ran to each step, saved `state_dict()`, and "
-                 "kept the next batch; a fresh loader then loaded the state (median of "
-                 f"{data['plan']['restore_repeats']}) and produced its first batch, compared byte for byte. "
-                 f"For scale: a fresh start's first batch took {r['fresh_first_batch_s']:.2f} s.\n")
-        L.append("| step | load_state_dict (s) | first batch after restore (s) | restore total (s) | batch identical | max bytes / lane | mean bytes / lane | bytes / rank (8 lanes + shared) |")
+        L.append(
+            f"{r['threads']} worker threads, 8 lanes. A loader ran to each step, saved `state_dict()`, and "
+            "kept the next batch; a fresh loader then loaded the state (median of "
+            f"{data['plan']['restore_repeats']}) and produced its first batch, compared byte for byte. "
+            f"For scale: a fresh start's first batch took {r['fresh_first_batch_s']:.2f} s.\n"
+        )
+        L.append(
+            "| step | load_state_dict (s) | first batch after restore (s) | restore total (s) | batch identical "
+            "| max bytes / lane | mean bytes / lane | bytes / rank (8 lanes + shared) |"
+        )
         L.append("|---|---|---|---|---|---|---|---|")
         for pnt in r["points"]:
-            L.append(f"| {pnt['step']} | {pnt['load_s']:.3f} | {pnt['first_batch_s']:.3f} | {pnt['restore_s']:.3f} | "
-                     f"{'yes' if pnt['identical'] else '**NO**'} | {pnt['max_lane_bytes']} | {pnt['mean_lane_bytes']:.0f} | {pnt['rank_bytes']} |")
+            L.append(
+                f"| {pnt['step']} | {pnt['load_s']:.3f} | {pnt['first_batch_s']:.3f} | {pnt['restore_s']:.3f} | "
+                f"{'yes' if pnt['identical'] else '**NO**'} | {pnt['max_lane_bytes']} | {pnt['mean_lane_bytes']:.0f} | {pnt['rank_bytes']} |"
+            )
     else:
         L.append(f"restore measurement failed: `{rs.get('error')}`")
     L.append("")
@@ -245,12 +293,16 @@ def write_report(data: Dict[str, Any], stem: str) -> str:
     L.append("## zephon: lanes per rank\n")
     if data["lanes"]:
         lb = data["plan"]["lanes_batch"]
-        L.append(f"World size 1, global batch {lb} rows for every lane count (rows per lane = {lb} / lanes: "
-                 f"{', '.join(f'{x}: {lb // x}' for x in data['plan']['lanes'])}), shuffle window "
-                 f"{data['lanes'][0]['kw'].get('shuffle_rows')} rows per lane (not 64: 256 lanes x 64 rows would "
-                 f"buffer 1 GB), {data['plan'].get('lanes_warmup', 0)} warm-up batches, then {data['plan']['lanes_steps']} batches timed; median of "
-                 f"{data['plan']['lanes_rounds']} alternating round(s).\n")
-        L.append("| lanes | threads | M tokens/s | vs 8 lanes | first batch (s) | peak RSS (MB) | max bytes / lane | bytes / rank |")
+        L.append(
+            f"World size 1, global batch {lb} rows for every lane count (rows per lane = {lb} / lanes: "
+            f"{', '.join(f'{x}: {lb // x}' for x in data['plan']['lanes'])}), shuffle window "
+            f"{data['lanes'][0]['kw'].get('shuffle_rows')} rows per lane (not 64: 256 lanes x 64 rows would "
+            f"buffer 1 GB), {data['plan'].get('lanes_warmup', 0)} warm-up batches, then {data['plan']['lanes_steps']} batches timed; median of "
+            f"{data['plan']['lanes_rounds']} alternating round(s).\n"
+        )
+        L.append(
+            "| lanes | threads | M tokens/s | vs 8 lanes | first batch (s) | peak RSS (MB) | max bytes / lane | bytes / rank |"
+        )
         L.append("|---|---|---|---|---|---|---|---|")
         g = defaultdict(list)
         for r in data["lanes"]:
@@ -262,45 +314,57 @@ def write_report(data: Dict[str, Any], stem: str) -> str:
                 if not rr:
                     continue
                 tps = _med([r["tokens_per_s"] for r in rr])
-                L.append(f"| {ln} | {t} | {tps / 1e6:.3f} | {tps / base:.2f} | {_med([r['ttfb_s'] for r in rr]):.2f} | "
-                         f"{_med([r['peak_rss_mb'] for r in rr]):.0f} | {_med([r['state']['max_bytes_per_lane'] for r in rr]):.0f} | "
-                         f"{_med([r['state']['bytes_per_rank'] for r in rr]):.0f} |")
+                L.append(
+                    f"| {ln} | {t} | {tps / 1e6:.3f} | {tps / base:.2f} | {_med([r['ttfb_s'] for r in rr]):.2f} | "
+                    f"{_med([r['peak_rss_mb'] for r in rr]):.0f} | {_med([r['state']['max_bytes_per_lane'] for r in rr]):.0f} | "
+                    f"{_med([r['state']['bytes_per_rank'] for r in rr]):.0f} |"
+                )
     L.append("")
 
     # ------------------------------------------------------------------ waits
     L.append("## Consumer wait behind a fake training step\n")
     if data["waits"]:
         ms = data["waits"][0]["ms"]
-        L.append(f"1 worker (thread, process or TorchTitan `num_workers=1`), a fake step of {ms} ms (`time.sleep`: "
-                 "the host thread idles while an accelerator computes) between batches, "
-                 f"{len(data['waits'][0]['waits'])} steps after the first batch. Wait = time spent in `next()`.\n")
-        L.append("| contender | median (ms) | p90 (ms) | p99 (ms) | max (ms) | mean (ms) | steps waiting > 1 ms | loop slowed by |")
+        L.append(
+            f"1 worker (thread, process or TorchTitan `num_workers=1`), a fake step of {ms} ms (`time.sleep`: "
+            "the host thread idles while an accelerator computes) between batches, "
+            f"{len(data['waits'][0]['waits'])} steps after the first batch. Wait = time spent in `next()`.\n"
+        )
+        L.append(
+            "| contender | median (ms) | p90 (ms) | p99 (ms) | max (ms) | mean (ms) | steps waiting > 1 ms | loop slowed by |"
+        )
         L.append("|---|---|---|---|---|---|---|---|")
         for w in data["waits"]:
             st = _wait_stats(w)
-            L.append(f"| {LABELS.get(w['contender'], w['contender'])} | {st['median_ms']:.2f} | {st['p90_ms']:.2f} | "
-                     f"{st['p99_ms']:.1f} | {st['max_ms']:.0f} | {st['mean_ms']:.2f} | {st['over_1ms']:.0%} | {st['slowdown']:.1%} |")
+            L.append(
+                f"| {LABELS.get(w['contender'], w['contender'])} | {st['median_ms']:.2f} | {st['p90_ms']:.2f} | "
+                f"{st['p99_ms']:.1f} | {st['max_ms']:.0f} | {st['mean_ms']:.2f} | {st['over_1ms']:.0%} | {st['slowdown']:.1%} |"
+            )
     L.append("")
 
     # ------------------------------------------------------------------ profile
     if data["profiles"]:
         L.append("## Profile of zephon's text path (py-spy)\n")
-        L.append("`py-spy record -r 200 --threads`, CPU-active samples of all threads during a throughput run. "
-                 "The tokenizer's Rust code is attributed to the Python line calling `encode_batch_fast` "
-                 "(`TextTokenizer._encodings`).\n")
+        L.append(
+            "`py-spy record -r 200 --threads`, CPU-active samples of all threads during a throughput run. "
+            "The tokenizer's Rust code is attributed to the Python line calling `encode_batch_fast` "
+            "(`TextTokenizer._encodings`).\n"
+        )
         for t, prof in sorted(data["profiles"].items(), key=lambda kv: int(kv[0])):
             if "error" in prof:
                 L.append(f"- {t} thread(s): {prof['error']}")
                 continue
-            L.append(f"### {t} worker thread(s): {prof['samples']} samples, "
-                     f"{prof['tokens_per_s_under_profiler'] / 1e6:.3f} M tokens/s under the profiler\n")
+            L.append(
+                f"### {t} worker thread(s): {prof['samples']} samples, "
+                f"{prof['tokens_per_s_under_profiler'] / 1e6:.3f} M tokens/s under the profiler\n"
+            )
             L.append("Threads: " + ", ".join(f"{n} {p}%" for n, p in prof["threads"]) + "\n")
             L.extend(profile_table(prof))
 
     return finish_report(L, data, stem, DIFFERENCES, lambda png: plot(data, A, png))
 
 
-def profile_table(prof: Dict[str, Any], top: int = 12) -> List[str]:
+def profile_table(prof: dict[str, Any], top: int = 12) -> list[str]:
     """Markdown rows: the top functions of a py-spy summary by self and by inclusive samples."""
     L = ["| self % | function | | inclusive % | function |", "|---|---|---|---|---|"]
     for (fs, ps), (fi, pi) in zip(prof["self"][:top], prof["inclusive"][:top]):
@@ -308,8 +372,9 @@ def profile_table(prof: Dict[str, Any], top: int = 12) -> List[str]:
     return L + [""]
 
 
-def finish_report(L: List[str], data: Dict[str, Any], stem: str, differences: str,
-                  plot_png: Callable[[str], None]) -> str:
+def finish_report(
+    L: list[str], data: dict[str, Any], stem: str, differences: str, plot_png: Callable[[str], None]
+) -> str:
     """Append what differs (and the contenders' notes), write ``stem``.md / .json / .png."""
     L.append("## What differs between the contenders\n")
     L.append(differences)
@@ -329,21 +394,26 @@ def finish_report(L: List[str], data: Dict[str, Any], stem: str, differences: st
     return md
 
 
-def plot(data: Dict[str, Any], A: Dict[str, Any], png: str) -> None:
+def plot(data: dict[str, Any], A: dict[str, Any], png: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from benchmarks.run import LABELS
-
     by = A["by"]
     threads = data["plan"]["threads"]
     fig, axs = plt.subplots(2, 4, figsize=(24, 10))
     names = [c for c in ORDER if any(f"{c}@{t}" in by for t in threads)]
-    short = {"zephon": "zephon", "grain_threads": "Grain thr", "grain_mp": "Grain mp", "torchdata": "torchdata",
-             "titan": "Titan", "titan_nw2": "Titan nw=2", "limit": "limit"}
+    short = {
+        "zephon": "zephon",
+        "grain_threads": "Grain thr",
+        "grain_mp": "Grain mp",
+        "torchdata": "torchdata",
+        "titan": "Titan",
+        "titan_nw2": "Titan nw=2",
+        "limit": "limit",
+    }
 
     ax = axs[0, 0]
     w = 0.8 / len(threads)
@@ -393,7 +463,9 @@ def plot(data: Dict[str, Any], A: Dict[str, Any], png: str) -> None:
         ax.bar(xs - 0.2, [p["restore_s"] for p in pts], 0.4, label="restore: load + first batch (s)")
         ax.axhline(rs["result"]["fresh_first_batch_s"], color="k", ls="--", lw=0.8, label="fresh start, first batch")
         ax2 = ax.twinx()
-        ax2.bar(xs + 0.2, [p["max_lane_bytes"] for p in pts], 0.4, color="tab:green", label="max checkpoint bytes / lane")
+        ax2.bar(
+            xs + 0.2, [p["max_lane_bytes"] for p in pts], 0.4, color="tab:green", label="max checkpoint bytes / lane"
+        )
         ax2.axhline(1024, color="tab:green", ls=":", lw=0.8)
         ax.set_xticks(xs, [f"step {p['step']}" for p in pts])
         ax.set_ylabel("seconds")
@@ -449,8 +521,10 @@ def plot(data: Dict[str, Any], A: Dict[str, Any], png: str) -> None:
     ax.set_ylabel("bytes (log)")
     ax.set_title("Checkpoint bytes per rank (zephon: 8 lanes, JSON)")
 
-    fig.suptitle(f"zephon text benchmark ({data['size']}); shared {data['machine']['cores']}-core machine, "
-                 f"{data['corpus']['bytes'] / 1e6:.0f} MB JSONL, seq_len 2048, batch 8")
+    fig.suptitle(
+        f"zephon text benchmark ({data['size']}); shared {data['machine']['cores']}-core machine, "
+        f"{data['corpus']['bytes'] / 1e6:.0f} MB JSONL, seq_len 2048, batch 8"
+    )
     fig.tight_layout()
     fig.savefig(png, dpi=90)
     plt.close(fig)

@@ -6,18 +6,25 @@ import json
 import os
 import sys
 from collections import defaultdict
-from typing import Any, Dict, List
+from typing import Any
 
 import numpy as np
 
 if __name__ == "__main__":  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.report import _bracket, _f, _med, finish_report, profile_table  # noqa: E402
+from benchmarks.report import _bracket, _f, _med, finish_report, profile_table
 
 ORDER = ["zephon", "zephon_proc", "grain_threads", "grain_mp", "titan", "limit", "work"]
-SHORT = {"zephon": "zephon", "zephon_proc": "zephon proc", "grain_threads": "Grain thr", "grain_mp": "Grain mp",
-         "titan": "Titan MM", "limit": "decode limit", "work": "work ref"}
+SHORT = {
+    "zephon": "zephon",
+    "zephon_proc": "zephon proc",
+    "grain_threads": "Grain thr",
+    "grain_mp": "Grain mp",
+    "titan": "Titan MM",
+    "limit": "decode limit",
+    "work": "work ref",
+}
 TARGETS = {"grain_threads": 1.0, "grain_mp": 1.0, "titan": 1.0}  # zephon ÷ X at least this
 LIMIT_TARGET = 0.8  # zephon ÷ decode-only limit at least this
 
@@ -95,14 +102,14 @@ work has none; zephon `[shuffle] buffer = 1`). What differs:
 """
 
 
-def aggregate(data: Dict[str, Any]) -> Dict[str, Any]:
+def aggregate(data: dict[str, Any]) -> dict[str, Any]:
     by = defaultdict(list)
     for r in data["throughput"]:
         if "error" not in r:
             by[(r["contender"], r["threads"])].append(r)
     errors = [r for r in data["throughput"] if "error" in r]
     br = _bracket(data, "images_per_s")
-    agg: Dict[str, Any] = {}
+    agg: dict[str, Any] = {}
     for (c, t), rs in by.items():
         rounds = [d for (tt, _), d in br.items() if tt == t]
         if c == "zephon":
@@ -116,11 +123,20 @@ def aggregate(data: Dict[str, Any]) -> Dict[str, Any]:
         st = [r.get("state") or {} for r in rs]
         ips = [r["images_per_s"] for r in rs]
         agg[f"{c}@{t}"] = {
-            "contender": c, "threads": t, "n": len(rs), "images_per_s": _med(ips), "min": min(ips), "max": max(ips),
+            "contender": c,
+            "threads": t,
+            "n": len(rs),
+            "images_per_s": _med(ips),
+            "min": min(ips),
+            "max": max(ips),
             "tokens_per_s": _med([r.get("tokens_per_s") for r in rs]),
-            "zephon_over": _med(over), "of_limit": _med(of_limit), "of_work": _med(of_work),
-            "zephon_over_all": over, "of_limit_all": of_limit,
-            "ttfb_s": _med([r.get("ttfb_s") for r in rs]), "peak_rss_mb": _med([r.get("peak_rss_mb") for r in rs]),
+            "zephon_over": _med(over),
+            "of_limit": _med(of_limit),
+            "of_work": _med(of_work),
+            "zephon_over_all": over,
+            "of_limit_all": of_limit,
+            "ttfb_s": _med([r.get("ttfb_s") for r in rs]),
+            "peak_rss_mb": _med([r.get("peak_rss_mb") for r in rs]),
             "cpu_ms_per_image": _med([r.get("cpu_ms_per_image") for r in rs]),
             "state_bytes": _med([s.get("bytes_per_rank") for s in st]),
             "state_format": st[0].get("format") if st else None,
@@ -132,27 +148,34 @@ def aggregate(data: Dict[str, Any]) -> Dict[str, Any]:
     return {"by": agg, "errors": errors}
 
 
-def write_vision_report(data: Dict[str, Any], stem: str) -> str:
+def write_vision_report(data: dict[str, Any], stem: str) -> str:
     from benchmarks.run_vision import VLABELS
 
     A = aggregate(data)
     by = A["by"]
     threads = data["plan"]["threads"]
     m, v, c, s, p = data["machine"], data["versions"], data["corpus"], data["settings"], data["plan"]
-    L: List[str] = []
+    L: list[str] = []
     L.append(f"# zephon vision-language benchmark: `{data['size']}`\n")
-    L.append(f"Produced by `python benchmarks/run.py --only vision --size {data['size']}` in {data['wall_s']:.0f} s"
-             f"{' (in-process smoke run: peak RSS is the whole process)' if data.get('inprocess') else ''}.\n")
+    L.append(
+        f"Produced by `python benchmarks/run.py --only vision --size {data['size']}` in {data['wall_s']:.0f} s"
+        f"{' (in-process smoke run: peak RSS is the whole process)' if data.get('inprocess') else ''}.\n"
+    )
     loads = [r.get("loadavg_1m") for r in data["throughput"] if r.get("loadavg_1m") is not None]
-    L.append("**Noise**: this is a small shared VM; the same run repeated varies by up to ±20% in absolute "
-             f"speed. Load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_start'])}, at the end "
-             f"{', '.join(f'{x:.2f}' for x in m['loadavg_end'])} (on {m['cores']} cores)"
-             + (f"; 1-minute load when each run started: median {_med(loads):.2f}, range {min(loads):.2f}-"
-                f"{max(loads):.2f}" if loads else "")
-             + " (the benchmark's own runs use up to all cores, so a load near the core count is the benchmark "
-             "itself). Each round runs every contender between two "
-             "zephon runs in alternating order and ratios are the median of per-round ratios, so most of the "
-             "noise cancels in the ratios.\n")
+    L.append(
+        "**Noise**: this is a small shared VM; the same run repeated varies by up to ±20% in absolute "
+        f"speed. Load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_start'])}, at the end "
+        f"{', '.join(f'{x:.2f}' for x in m['loadavg_end'])} (on {m['cores']} cores)"
+        + (
+            f"; 1-minute load when each run started: median {_med(loads):.2f}, range {min(loads):.2f}-{max(loads):.2f}"
+            if loads
+            else ""
+        )
+        + " (the benchmark's own runs use up to all cores, so a load near the core count is the benchmark "
+        "itself). Each round runs every contender between two "
+        "zephon runs in alternating order and ratios are the median of per-round ratios, so most of the "
+        "noise cancels in the ratios.\n"
+    )
 
     # ------------------------------------------------------------------ headline
     L.append("## Headline\n")
@@ -171,8 +194,10 @@ def write_vision_report(data: Dict[str, Any], stem: str) -> str:
             parts.append(f"{z['of_work']:.2f} of the per-image work done alone")
         L.append(f"- **{t} worker(s)**: " + "; ".join(parts) + ".")
     L.append("")
-    L.append("Targets (issue): zephon at least 1.0x Grain and TorchTitan's MMDataLoader, at least 0.8x the "
-             "decode-only limit.\n")
+    L.append(
+        "Targets (issue): zephon at least 1.0x Grain and TorchTitan's MMDataLoader, at least 0.8x the "
+        "decode-only limit.\n"
+    )
     L.append("| target | " + " | ".join(f"{t} worker(s)" for t in threads) + " |")
     L.append("|---|" + "---|" * len(threads))
     for cname, goal in TARGETS.items():
@@ -192,42 +217,56 @@ def write_vision_report(data: Dict[str, Any], stem: str) -> str:
     for t in threads:
         wk = by.get(f"work@{t}")
         if wk and wk["of_limit"]:
-            L.append(f"- {t} worker(s): the per-image work done alone, with no loader at all, runs at "
-                     f"{wk['of_limit']:.2f} of the decode-only limit (CPU {_f(wk['cpu_ms_per_image'], '{:.1f}')} ms "
-                     f"per image against {_f((by.get(f'limit@{t}') or {}).get('cpu_ms_per_image'), '{:.1f}')} ms for the "
-                     "decode): resizing to the pixel budget, normalising and copying patches cost several times the "
-                     "decode, so no loader doing this work can reach 0.8 of the decode-only limit on these images; "
-                     "the work reference is the meaningful ceiling.")
+            L.append(
+                f"- {t} worker(s): the per-image work done alone, with no loader at all, runs at "
+                f"{wk['of_limit']:.2f} of the decode-only limit (CPU {_f(wk['cpu_ms_per_image'], '{:.1f}')} ms "
+                f"per image against {_f((by.get(f'limit@{t}') or {}).get('cpu_ms_per_image'), '{:.1f}')} ms for the "
+                "decode): resizing to the pixel budget, normalising and copying patches cost several times the "
+                "decode, so no loader doing this work can reach 0.8 of the decode-only limit on these images; "
+                "the work reference is the meaningful ceiling."
+            )
     L.append("")
 
     # ------------------------------------------------------------------ settings
     L.append("## Machine, versions, settings\n")
-    L.append(f"- CPU: {m['cpu']}, {m['cores']} cores (affinity {m['affinity']}), {m['memory_gib']} GiB; {m['platform']}")
+    L.append(
+        f"- CPU: {m['cpu']}, {m['cores']} cores (affinity {m['affinity']}), {m['memory_gib']} GiB; {m['platform']}"
+    )
     L.append("- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
-    L.append(f"- Corpus: {c['images']} synthetic image-caption pairs ({c['jpg']} JPEG photo-like, {c['png']} PNG "
-             f"graphics-like; sides {c['min_side']}-{c['max_side']} px, mean {c['mean_pixels'] / 1e3:.0f} k pixels), "
-             f"{c['bytes'] / 1e6:.1f} MB in {data['shards']} WebDataset tar shards (`benchmarks/corpus.py`); captions of "
-             "8-37 words")
-    L.append(f"- seq_len {s['seq_len']}, batches of {s['batch_rows']} rows (zephon: {s['lanes']} lanes x 1 row, world "
-             f"size 1); patch {s['patch_size']}, temporal patch {s['temporal_patch_size']}, merge {s['merge_size']}; "
-             f"pixel budget {s['min_pixels']}-{s['max_pixels']} pixels ({int(s['min_pixels'] ** 0.5)}²-"
-             f"{int(s['max_pixels'] ** 0.5)}²); mean = std = 0.5; at most {s['max_images_per_batch']} images per batch")
-    L.append(f"- {p['rounds']} round(s); per run: time to first batch, {p.get('warmup', 0)} untimed warm-up batches, "
-             f"then {p['steps']} batches timed; images/s = images in the timed batches / seconds, delivered to a "
-             "consumer that does nothing; tokens/s = rows x seq_len per second; each run in a fresh process"
-             f"{'' if not data.get('inprocess') else ' (here: in-process)'}. The limit and the work reference run "
-             f"until {p['target_images']} images.")
+    L.append(
+        f"- Corpus: {c['images']} synthetic image-caption pairs ({c['jpg']} JPEG photo-like, {c['png']} PNG "
+        f"graphics-like; sides {c['min_side']}-{c['max_side']} px, mean {c['mean_pixels'] / 1e3:.0f} k pixels), "
+        f"{c['bytes'] / 1e6:.1f} MB in {data['shards']} WebDataset tar shards (`benchmarks/corpus.py`); captions of "
+        "8-37 words"
+    )
+    L.append(
+        f"- seq_len {s['seq_len']}, batches of {s['batch_rows']} rows (zephon: {s['lanes']} lanes x 1 row, world "
+        f"size 1); patch {s['patch_size']}, temporal patch {s['temporal_patch_size']}, merge {s['merge_size']}; "
+        f"pixel budget {s['min_pixels']}-{s['max_pixels']} pixels ({int(s['min_pixels'] ** 0.5)}²-"
+        f"{int(s['max_pixels'] ** 0.5)}²); mean = std = 0.5; at most {s['max_images_per_batch']} images per batch"
+    )
+    L.append(
+        f"- {p['rounds']} round(s); per run: time to first batch, {p.get('warmup', 0)} untimed warm-up batches, "
+        f"then {p['steps']} batches timed; images/s = images in the timed batches / seconds, delivered to a "
+        "consumer that does nothing; tokens/s = rows x seq_len per second; each run in a fresh process"
+        f"{'' if not data.get('inprocess') else ' (here: in-process)'}. The limit and the work reference run "
+        f"until {p['target_images']} images."
+    )
     if data["skipped"]:
         L.append("- Skipped (not installed): " + ", ".join(f"{k} ({w})" for k, w in data["skipped"].items()))
     L.append("")
 
     # ------------------------------------------------------------------ throughput
     L.append("## Throughput (median images/s) and ratios\n")
-    L.append("Every other contender ran between two zephon runs (Z X1 Z X2 ... Z, the order reversed each round). "
-             "`zephon ÷ it` is the median over rounds of (geometric mean of the two zephon runs around X) / X; "
-             "`of limit` and `of work` are X / the decode-only limit and X / the per-image work reference through "
-             "the same bracketed ratios.\n")
-    L.append("| contender |" + "".join(f" {t} w: images/s | M tok/s | zephon ÷ it | of limit | of work |" for t in threads))
+    L.append(
+        "Every other contender ran between two zephon runs (Z X1 Z X2 ... Z, the order reversed each round). "
+        "`zephon ÷ it` is the median over rounds of (geometric mean of the two zephon runs around X) / X; "
+        "`of limit` and `of work` are X / the decode-only limit and X / the per-image work reference through "
+        "the same bracketed ratios.\n"
+    )
+    L.append(
+        "| contender |" + "".join(f" {t} w: images/s | M tok/s | zephon ÷ it | of limit | of work |" for t in threads)
+    )
     L.append("|---|" + "---|---|---|---|---|" * len(threads))
     for cname in ORDER:
         cells, present = [], False
@@ -238,21 +277,26 @@ def write_vision_report(data: Dict[str, Any], stem: str) -> str:
                 continue
             present = True
             rng = f" ({a['min']:.0f}-{a['max']:.0f})" if a["n"] > 1 else ""
-            cells += [f"{a['images_per_s']:.1f}{rng}",
-                      "-" if cname in ("limit", "work") else _f((a["tokens_per_s"] or 0) / 1e6, "{:.3f}"),
-                      "1" if cname == "zephon" else _f(a["zephon_over"], "{:.2f}x"),
-                      "1" if cname == "limit" else _f(a["of_limit"], "{:.2f}"),
-                      "1" if cname == "work" else _f(a["of_work"], "{:.2f}")]
+            cells += [
+                f"{a['images_per_s']:.1f}{rng}",
+                "-" if cname in ("limit", "work") else _f((a["tokens_per_s"] or 0) / 1e6, "{:.3f}"),
+                "1" if cname == "zephon" else _f(a["zephon_over"], "{:.2f}x"),
+                "1" if cname == "limit" else _f(a["of_limit"], "{:.2f}"),
+                "1" if cname == "work" else _f(a["of_work"], "{:.2f}"),
+            ]
         if present:
             L.append(f"| {VLABELS.get(cname, cname)} | " + " | ".join(cells) + " |")
-    L.append("\n(images/s: median of all runs, min-max in parentheses; zephon ran once per bracket, so it has more "
-             "runs.)\n")
+    L.append(
+        "\n(images/s: median of all runs, min-max in parentheses; zephon ran once per bracket, so it has more runs.)\n"
+    )
     for t in threads:
         for cname in ORDER:
             a = by.get(f"{cname}@{t}")
             if a and cname != "zephon" and a["zephon_over_all"]:
-                L.append(f"- {t} w, zephon ÷ {VLABELS.get(cname, cname)} per round: "
-                         + ", ".join(f"{x:.2f}" for x in a["zephon_over_all"]))
+                L.append(
+                    f"- {t} w, zephon ÷ {VLABELS.get(cname, cname)} per round: "
+                    + ", ".join(f"{x:.2f}" for x in a["zephon_over_all"])
+                )
     L.append("")
     for e in A["errors"]:
         L.append(f"- error: {e['contender']} at {e['threads']} worker(s), round {e['round'] + 1}: `{e['error'][:300]}`")
@@ -268,19 +312,25 @@ def write_vision_report(data: Dict[str, Any], stem: str) -> str:
         for cname in ORDER:
             a, b = by.get(f"{cname}@{t0}"), by.get(f"{cname}@{t1}")
             if a and b:
-                L.append(f"| {VLABELS.get(cname, cname)} | {a['images_per_s']:.1f} | {b['images_per_s']:.1f} | "
-                         f"{b['images_per_s'] / a['images_per_s']:.2f}x |")
+                L.append(
+                    f"| {VLABELS.get(cname, cname)} | {a['images_per_s']:.1f} | {b['images_per_s']:.1f} | "
+                    f"{b['images_per_s'] / a['images_per_s']:.2f}x |"
+                )
         L.append("")
 
     # ------------------------------------------------------------------ ttfb / memory / state
     L.append("## Time to first batch, peak memory, CPU per image, checkpoint size\n")
-    L.append("Time to first batch: from building the loader (zephon: including `Recipe.prepare()` with a warm index "
-             "cache) to the first batch in hand. Peak RSS: the process and all its children, sampled every 50 ms. "
-             "CPU ms / image: user + system CPU of the process tree during the timed span per image delivered (less "
-             "sensitive to the shared machine than images/s). Checkpoint: the loader's state for this rank after "
-             "the timed run. Ignored labels: share of label positions that are -100 (image placeholders and "
-             "padding).\n")
-    L.append("| contender | workers | first batch (s) | peak RSS (MB) | CPU ms / image | images / batch | checkpoint bytes / rank | ignored labels |")
+    L.append(
+        "Time to first batch: from building the loader (zephon: including `Recipe.prepare()` with a warm index "
+        "cache) to the first batch in hand. Peak RSS: the process and all its children, sampled every 50 ms. "
+        "CPU ms / image: user + system CPU of the process tree during the timed span per image delivered (less "
+        "sensitive to the shared machine than images/s). Checkpoint: the loader's state for this rank after "
+        "the timed run. Ignored labels: share of label positions that are -100 (image placeholders and "
+        "padding).\n"
+    )
+    L.append(
+        "| contender | workers | first batch (s) | peak RSS (MB) | CPU ms / image | images / batch | checkpoint bytes / rank | ignored labels |"
+    )
     L.append("|---|---|---|---|---|---|---|---|")
     for cname in ORDER:
         for t in threads:
@@ -288,23 +338,29 @@ def write_vision_report(data: Dict[str, Any], stem: str) -> str:
             if a is None:
                 continue
             st = f"{a['state_bytes']:.0f} ({a['state_format']})" if a["state_bytes"] is not None else "-"
-            L.append(f"| {VLABELS.get(cname, cname)} | {t} | {_f(a['ttfb_s'], '{:.2f}', '-')} | "
-                     f"{_f(a['peak_rss_mb'], '{:.0f}')} | {_f(a['cpu_ms_per_image'], '{:.2f}')} | "
-                     f"{_f(a['images_per_batch'], '{:.1f}', '-')} | {st} | {_f(a['ignored_frac'], '{:.1%}', '-')} |")
+            L.append(
+                f"| {VLABELS.get(cname, cname)} | {t} | {_f(a['ttfb_s'], '{:.2f}', '-')} | "
+                f"{_f(a['peak_rss_mb'], '{:.0f}')} | {_f(a['cpu_ms_per_image'], '{:.2f}')} | "
+                f"{_f(a['images_per_batch'], '{:.1f}', '-')} | {st} | {_f(a['ignored_frac'], '{:.1%}', '-')} |"
+            )
     L.append("")
 
     # ------------------------------------------------------------------ profile
     if data.get("profiles"):
         L.append("## Profile of zephon's vision path (py-spy)\n")
-        L.append("`py-spy record -r 200 --threads`, CPU-active samples of all threads during a throughput run. "
-                 "Pillow's and numpy's C code is attributed to the Python line that calls it; the table of lines "
-                 "tells decode (`im.load()`), resize (`im.resize`), normalisation and patch copies apart.\n")
+        L.append(
+            "`py-spy record -r 200 --threads`, CPU-active samples of all threads during a throughput run. "
+            "Pillow's and numpy's C code is attributed to the Python line that calls it; the table of lines "
+            "tells decode (`im.load()`), resize (`im.resize`), normalisation and patch copies apart.\n"
+        )
         for t, prof in sorted(data["profiles"].items(), key=lambda kv: int(kv[0])):
             if "error" in prof:
                 L.append(f"- {t} worker(s): {prof['error']}")
                 continue
-            L.append(f"### {t} worker thread(s): {prof['samples']} samples, "
-                     f"{prof['images_per_s_under_profiler']:.1f} images/s under the profiler\n")
+            L.append(
+                f"### {t} worker thread(s): {prof['samples']} samples, "
+                f"{prof['images_per_s_under_profiler']:.1f} images/s under the profiler\n"
+            )
             L.append("Threads: " + ", ".join(f"{n} {q}%" for n, q in prof["threads"]) + "\n")
             L.append("| self % | line | source |")
             L.append("|---|---|---|")
@@ -323,7 +379,7 @@ def rewrite(json_path: str) -> str:
     return write_vision_report(data, json_path[: -len(".json")])
 
 
-def plot(data: Dict[str, Any], A: Dict[str, Any], png: str) -> None:
+def plot(data: dict[str, Any], A: dict[str, Any], png: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -367,7 +423,9 @@ def plot(data: Dict[str, Any], A: Dict[str, Any], png: str) -> None:
     for c in [n for n in names if n != "limit"]:  # the decode-only limit is 5-7x higher: in the table
         ys = [(by.get(f"{c}@{t}") or {}).get("images_per_s") for t in threads]
         if all(y is not None for y in ys):
-            ax.plot([str(t) for t in threads], ys, marker="o", label=SHORT[c], ls=":" if c in ("limit", "work") else "-")
+            ax.plot(
+                [str(t) for t in threads], ys, marker="o", label=SHORT[c], ls=":" if c in ("limit", "work") else "-"
+            )
     ax.set_xlabel("workers")
     ax.set_ylabel("images/s")
     ax.set_ylim(bottom=0)
@@ -380,8 +438,13 @@ def plot(data: Dict[str, Any], A: Dict[str, Any], png: str) -> None:
     xs = np.arange(len(loaders))
     ax.bar(xs - 0.2, [(by.get(f"{c}@{t}") or {}).get("ttfb_s") or 0 for c in loaders], 0.4, label="first batch (s)")
     ax2 = ax.twinx()
-    ax2.bar(xs + 0.2, [(by.get(f"{c}@{t}") or {}).get("peak_rss_mb") or 0 for c in loaders], 0.4, color="tab:orange",
-            label="peak RSS (MB)")
+    ax2.bar(
+        xs + 0.2,
+        [(by.get(f"{c}@{t}") or {}).get("peak_rss_mb") or 0 for c in loaders],
+        0.4,
+        color="tab:orange",
+        label="peak RSS (MB)",
+    )
     ax.set_xticks(xs, [SHORT[c] for c in loaders], rotation=20)
     ax.set_ylabel("time to first batch (s)")
     ax2.set_ylabel("peak RSS (MB)")
@@ -408,9 +471,11 @@ def plot(data: Dict[str, Any], A: Dict[str, Any], png: str) -> None:
 
     c = data["corpus"]
     s = data["settings"]
-    fig.suptitle(f"zephon vision-language benchmark ({data['size']}); shared {data['machine']['cores']}-core machine, "
-                 f"{c['images']} images ({c['jpg']} JPEG / {c['png']} PNG), seq_len {s['seq_len']}, "
-                 f"batch {s['batch_rows']} rows, pixels {s['min_pixels']}-{s['max_pixels']}")
+    fig.suptitle(
+        f"zephon vision-language benchmark ({data['size']}); shared {data['machine']['cores']}-core machine, "
+        f"{c['images']} images ({c['jpg']} JPEG / {c['png']} PNG), seq_len {s['seq_len']}, "
+        f"batch {s['batch_rows']} rows, pixels {s['min_pixels']}-{s['max_pixels']}"
+    )
     fig.tight_layout()
     fig.savefig(png, dpi=90)
     plt.close(fig)

@@ -21,7 +21,7 @@ Each measurement runs in a fresh Python process (clean peak RSS, no leftover thr
 from __future__ import annotations
 
 import argparse
-import hashlib
+import contextlib
 import json
 import os
 import platform
@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -47,19 +47,63 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # size -> plan. steps: batches timed after the first (a multiple of every shuffle window, so the
 # timed span holds whole windows of work for every contender)
-PLANS: Dict[str, Dict[str, Any]] = {
-    "smoke": {"rounds": 1, "threads": [1], "steps": 8, "warmup": 0, "lanes_warmup": 0, "shuffle_rows": 8, "restore_steps": [2, 10],
-              "restore_repeats": 1, "lanes": [8, 16], "lanes_batch": 16, "lanes_steps": 2, "lanes_rounds": 1,
-              "wait_steps": 10, "wait_ms": 20, "profile": False, "titan_extra": False,
-              "bracket": False},
-    "small": {"rounds": 3, "threads": [1, 2], "steps": 256, "warmup": 64, "lanes_warmup": 16, "shuffle_rows": 64, "restore_steps": [10, 1000, 10000],
-              "restore_repeats": 3, "lanes": [8, 64, 256], "lanes_batch": 256, "lanes_steps": 16, "lanes_rounds": 1,
-              "lanes_threads": [2],
-              "wait_steps": 160, "wait_ms": 50, "profile": True, "titan_extra": True},
-    "full": {"rounds": 3, "threads": [1, 2], "steps": 256, "warmup": 128, "lanes_warmup": 16, "shuffle_rows": 64,
-             "restore_steps": [10, 1000, 10000], "restore_repeats": 3, "lanes": [8, 64, 256], "lanes_batch": 256,
-             "lanes_steps": 16, "lanes_rounds": 3, "wait_steps": 320, "wait_ms": 50, "profile": True,
-             "titan_extra": True},
+PLANS: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "rounds": 1,
+        "threads": [1],
+        "steps": 8,
+        "warmup": 0,
+        "lanes_warmup": 0,
+        "shuffle_rows": 8,
+        "restore_steps": [2, 10],
+        "restore_repeats": 1,
+        "lanes": [8, 16],
+        "lanes_batch": 16,
+        "lanes_steps": 2,
+        "lanes_rounds": 1,
+        "wait_steps": 10,
+        "wait_ms": 20,
+        "profile": False,
+        "titan_extra": False,
+        "bracket": False,
+    },
+    "small": {
+        "rounds": 3,
+        "threads": [1, 2],
+        "steps": 256,
+        "warmup": 64,
+        "lanes_warmup": 16,
+        "shuffle_rows": 64,
+        "restore_steps": [10, 1000, 10000],
+        "restore_repeats": 3,
+        "lanes": [8, 64, 256],
+        "lanes_batch": 256,
+        "lanes_steps": 16,
+        "lanes_rounds": 1,
+        "lanes_threads": [2],
+        "wait_steps": 160,
+        "wait_ms": 50,
+        "profile": True,
+        "titan_extra": True,
+    },
+    "full": {
+        "rounds": 3,
+        "threads": [1, 2],
+        "steps": 256,
+        "warmup": 128,
+        "lanes_warmup": 16,
+        "shuffle_rows": 64,
+        "restore_steps": [10, 1000, 10000],
+        "restore_repeats": 3,
+        "lanes": [8, 64, 256],
+        "lanes_batch": 256,
+        "lanes_steps": 16,
+        "lanes_rounds": 3,
+        "wait_steps": 320,
+        "wait_ms": 50,
+        "profile": True,
+        "titan_extra": True,
+    },
 }
 LANES_SHUFFLE_ROWS = 8  # per-lane window in the lanes-per-rank sweep (256 lanes x 64 rows would be 1 GB)
 
@@ -73,8 +117,14 @@ LABELS = {
     "titan_nw2": "TorchTitan, num_workers=2",
     "limit": "limit: encode_batch_fast alone",
 }
-NEEDS = {"grain_threads": "grain", "grain_mp": "grain", "torchdata": "torchdata.nodes", "titan": "torchtitan",
-         "titan_nw2": "torchtitan", "zephon": "zephon"}
+NEEDS = {
+    "grain_threads": "grain",
+    "grain_mp": "grain",
+    "torchdata": "torchdata.nodes",
+    "titan": "torchtitan",
+    "titan_nw2": "torchtitan",
+    "zephon": "zephon",
+}
 
 
 # =========================================================================== worker side
@@ -94,10 +144,8 @@ class RssSampler:
         try:
             total = self.proc.memory_info().rss
             for c in self.proc.children(recursive=True):
-                try:
+                with contextlib.suppress(Exception):
                     total += c.memory_info().rss
-                except Exception:
-                    pass
         except Exception:
             pass
         self.peak = max(self.peak, total)
@@ -106,7 +154,7 @@ class RssSampler:
         while not self._stop.wait(0.05):
             self._sample()
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self._sample()
         self._t.start()
         return self
@@ -128,7 +176,7 @@ class RssSampler:
         return total
 
 
-def _settings(spec: Dict[str, Any]):
+def _settings(spec: dict[str, Any]):
     from benchmarks.text_contenders import Settings
 
     return Settings.from_dict(spec["settings"])
@@ -158,7 +206,7 @@ def _labels_of(batch: Any):
     return batch.get("labels")
 
 
-def w_throughput(spec: Dict[str, Any]) -> Dict[str, Any]:
+def w_throughput(spec: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     from benchmarks.text_contenders import rows_of
@@ -172,7 +220,7 @@ def w_throughput(spec: Dict[str, Any]) -> Dict[str, Any]:
         b = next(built.it)
         ttfb = time.perf_counter() - t0
         for _ in range(spec.get("warmup", 0)):  # reach steady state: prefetch leads built during the
-            b = next(built.it)                   # first batch are used up before timing starts
+            b = next(built.it)  # first batch are used up before timing starts
         t1 = time.perf_counter()
         c1 = mem.cpu_s()
         x = rows_of(b)
@@ -190,15 +238,26 @@ def w_throughput(spec: Dict[str, Any]) -> Dict[str, Any]:
         state = built.state_bytes()
         built.close()
     assert seq == s.seq_len, (name, x.shape)
-    return {"contender": name, "threads": threads, "ttfb_s": ttfb, "seconds": t2 - t1, "steps": steps,
-            "warmup": spec.get("warmup", 0),
-            "rows": rows, "tokens": steps * rows * seq, "tokens_per_s": steps * rows * seq / (t2 - t1),
-            "pad_frac": pad / n if n else None, "peak_rss_mb": mem.peak / 2**20, "state": state,
-            "cpu_s_per_mtok": (c2 - c1) / (steps * rows * seq / 1e6),
-            "notes": built.notes, "kw": kw}
+    return {
+        "contender": name,
+        "threads": threads,
+        "ttfb_s": ttfb,
+        "seconds": t2 - t1,
+        "steps": steps,
+        "warmup": spec.get("warmup", 0),
+        "rows": rows,
+        "tokens": steps * rows * seq,
+        "tokens_per_s": steps * rows * seq / (t2 - t1),
+        "pad_frac": pad / n if n else None,
+        "peak_rss_mb": mem.peak / 2**20,
+        "state": state,
+        "cpu_s_per_mtok": (c2 - c1) / (steps * rows * seq / 1e6),
+        "notes": built.notes,
+        "kw": kw,
+    }
 
 
-def w_limit(spec: Dict[str, Any]) -> Dict[str, Any]:
+def w_limit(spec: dict[str, Any]) -> dict[str, Any]:
     from benchmarks.text_contenders import limit_tokens_per_s
 
     s = _settings(spec)
@@ -214,12 +273,11 @@ def _sha(batch: Any) -> str:
     return batch_sha256(batch)
 
 
-def w_restore(spec: Dict[str, Any]) -> Dict[str, Any]:
+def w_restore(spec: dict[str, Any]) -> dict[str, Any]:
     """zephon: advance to each target step, snapshot, keep the next batch as reference; then
     restore each snapshot into a fresh loader and time load_state_dict + the first batch."""
-    from zephon import WorkerConfig
-
     from benchmarks.text_contenders import zephon_recipe
+    from zephon import WorkerConfig
 
     s = _settings(spec)
     wc = WorkerConfig(spec["threads"], "thread")
@@ -255,14 +313,23 @@ def w_restore(spec: Dict[str, Any]) -> Dict[str, Any]:
             loads.append(b - a)
             firsts.append(c - b)
             ok = ok and got == ref
-        out.append({"step": target, "load_s": statistics.median(loads), "first_batch_s": statistics.median(firsts),
-                    "restore_s": statistics.median([l + f for l, f in zip(loads, firsts)]), "identical": ok,
-                    "max_lane_bytes": max(lanes.values()), "mean_lane_bytes": sum(lanes.values()) / len(lanes),
-                    "rank_bytes": total, "lanes": len(lanes)})
+        out.append(
+            {
+                "step": target,
+                "load_s": statistics.median(loads),
+                "first_batch_s": statistics.median(firsts),
+                "restore_s": statistics.median([l + f for l, f in zip(loads, firsts)]),
+                "identical": ok,
+                "max_lane_bytes": max(lanes.values()),
+                "mean_lane_bytes": sum(lanes.values()) / len(lanes),
+                "rank_bytes": total,
+                "lanes": len(lanes),
+            }
+        )
     return {"threads": spec["threads"], "fresh_first_batch_s": fresh_first, "advance_s": advance_s, "points": out}
 
 
-def w_wait(spec: Dict[str, Any]) -> Dict[str, Any]:
+def w_wait(spec: dict[str, Any]) -> dict[str, Any]:
     """Consumer wait per step behind a fake training step of ``ms`` (a sleep: the host thread idles
     while the accelerator computes, as in a GPU-bound step)."""
     s = _settings(spec)
@@ -304,7 +371,7 @@ class Runner:
     def __init__(self, inprocess: bool, tmp: str, log) -> None:
         self.inprocess, self.tmp, self.log, self.n = inprocess, tmp, log, 0
 
-    def call(self, spec: Dict[str, Any], timeout: float = 900, prefix: Optional[List[str]] = None) -> Dict[str, Any]:
+    def call(self, spec: dict[str, Any], timeout: float = 900, prefix: list[str] | None = None) -> dict[str, Any]:
         self.n += 1
         spec = dict(spec, out=os.path.join(self.tmp, f"r{self.n}.json"))
         if self.inprocess and prefix is None:
@@ -325,7 +392,7 @@ class Runner:
         return res
 
 
-def available(name: str) -> Optional[str]:
+def available(name: str) -> str | None:
     import importlib.util
 
     mod = NEEDS.get(name)
@@ -339,12 +406,23 @@ def available(name: str) -> Optional[str]:
     return None
 
 
-def versions() -> Dict[str, str]:
+def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
-    for p in ("zephon", "grain", "torch", "torchdata", "torchtitan", "tokenizers", "datasets", "numpy", "pillow",
-              "matplotlib", "py-spy"):
+    for p in (
+        "zephon",
+        "grain",
+        "torch",
+        "torchdata",
+        "torchtitan",
+        "tokenizers",
+        "datasets",
+        "numpy",
+        "pillow",
+        "matplotlib",
+        "py-spy",
+    ):
         try:
             out[p] = version(p)
         except PackageNotFoundError:
@@ -352,7 +430,7 @@ def versions() -> Dict[str, str]:
     return out
 
 
-def machine() -> Dict[str, Any]:
+def machine() -> dict[str, Any]:
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
@@ -369,17 +447,24 @@ def machine() -> Dict[str, Any]:
         mem = round(psutil.virtual_memory().total / 2**30, 1)
     except Exception:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "memory_gib": mem, "platform": platform.platform(), "loadavg_start": os.getloadavg()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_gib": mem,
+        "platform": platform.platform(),
+        "loadavg_start": os.getloadavg(),
+    }
 
 
-def med(xs: List[float]) -> Optional[float]:
+def med(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
 
-def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Optional[bool], log,
-             out_dir: Optional[str] = None) -> str:
+def run_text(
+    size: str, rounds: int | None, do_profile: bool, inprocess: bool | None, log, out_dir: str | None = None
+) -> str:
     from benchmarks.common import bracketed_rounds
     from benchmarks.corpus import DATA, text_corpus
     from zephon.tools.demo import TOKENIZER_DIR
@@ -392,9 +477,17 @@ def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Opti
     load_start = os.getloadavg()
     log(f"[text/{size}] generating corpus ...")
     corpus = text_corpus(size)
-    settings = {"files": corpus["files"], "glob": corpus["glob"], "corpus_dir": corpus["dir"],
-                "cache_dir": os.path.join(DATA, "cache"), "tokenizer_dir": TOKENIZER_DIR,
-                "seq_len": 2048, "batch_rows": 8, "lanes": 8, "shuffle_rows": plan["shuffle_rows"]}
+    settings = {
+        "files": corpus["files"],
+        "glob": corpus["glob"],
+        "corpus_dir": corpus["dir"],
+        "cache_dir": os.path.join(DATA, "cache"),
+        "tokenizer_dir": TOKENIZER_DIR,
+        "seq_len": 2048,
+        "batch_rows": 8,
+        "lanes": 8,
+        "shuffle_rows": plan["shuffle_rows"],
+    }
     log(f"  {corpus['docs']} documents, {corpus['bytes'] / 1e6:.1f} MB of JSONL in {len(corpus['files'])} shards")
     tmp = tempfile.mkdtemp(prefix="zephon-bench-")
     R = Runner(inprocess, tmp, log)
@@ -412,7 +505,7 @@ def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Opti
             warm[c] = res.get("result", {}).get("ttfb_s")
 
     # ---------------------------------------------------------------- throughput rounds
-    raw: List[Dict[str, Any]] = []
+    raw: list[dict[str, Any]] = []
     tokens_target = plan["steps"] * 8 * 2048
 
     def measure(c: str, threads: int, rnd: int, slot: int) -> None:
@@ -420,8 +513,16 @@ def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Opti
         if c == "limit":
             res = R.call({"kind": "limit", "threads": threads, "tokens": tokens_target, "settings": settings})
         else:
-            res = R.call({"kind": "throughput", "contender": c, "threads": threads, "steps": plan["steps"],
-                          "warmup": plan["warmup"], "settings": settings})
+            res = R.call(
+                {
+                    "kind": "throughput",
+                    "contender": c,
+                    "threads": threads,
+                    "steps": plan["steps"],
+                    "warmup": plan["warmup"],
+                    "settings": settings,
+                }
+            )
         if res["ok"]:
             r = res["result"]
             r.update(round=rnd, contender=c, slot=slot)
@@ -432,25 +533,48 @@ def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Opti
 
     others = [c for c in contenders if c != "zephon"] + ["limit"]
     extra = ["titan_nw2"] if plan["titan_extra"] and "titan" in contenders else []
-    bracketed_rounds(plan, "zephon" in contenders,
-                     lambda rnd, threads: others + (extra if threads == max(plan["threads"]) else []), measure)
+    bracketed_rounds(
+        plan,
+        "zephon" in contenders,
+        lambda rnd, threads: others + (extra if threads == max(plan["threads"]) else []),
+        measure,
+    )
 
     # ---------------------------------------------------------------- zephon: restore
     log("  zephon restore vs step ...")
-    restore = R.call({"kind": "restore", "threads": max(plan["threads"]), "targets": plan["restore_steps"],
-                      "repeats": plan["restore_repeats"], "settings": settings}, timeout=3600)
+    restore = R.call(
+        {
+            "kind": "restore",
+            "threads": max(plan["threads"]),
+            "targets": plan["restore_steps"],
+            "repeats": plan["restore_repeats"],
+            "settings": settings,
+        },
+        timeout=3600,
+    )
 
     # ---------------------------------------------------------------- zephon: lanes per rank
-    lanes_raw: List[Dict[str, Any]] = []
+    lanes_raw: list[dict[str, Any]] = []
     for rnd in range(plan["lanes_rounds"]):
         for threads in plan.get("lanes_threads", plan["threads"]):
             lanes_order = plan["lanes"] if rnd % 2 == 0 else plan["lanes"][::-1]
             for L in lanes_order:
                 log(f"  lanes round {rnd + 1} threads={threads} lanes={L} ...")
-                res = R.call({"kind": "throughput", "contender": "zephon", "threads": threads,
-                              "steps": plan["lanes_steps"], "warmup": plan["lanes_warmup"], "settings": settings,
-                              "build_kw": {"lanes": L, "global_batch": plan["lanes_batch"],
-                                           "shuffle_rows": LANES_SHUFFLE_ROWS}})
+                res = R.call(
+                    {
+                        "kind": "throughput",
+                        "contender": "zephon",
+                        "threads": threads,
+                        "steps": plan["lanes_steps"],
+                        "warmup": plan["lanes_warmup"],
+                        "settings": settings,
+                        "build_kw": {
+                            "lanes": L,
+                            "global_batch": plan["lanes_batch"],
+                            "shuffle_rows": LANES_SHUFFLE_ROWS,
+                        },
+                    }
+                )
                 if res["ok"]:
                     r = res["result"]
                     r.update(lanes=L, round=rnd)
@@ -458,16 +582,24 @@ def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Opti
                     log(f"    {r['tokens_per_s'] / 1e6:.3f} M tokens/s, first batch {r['ttfb_s']:.1f} s")
 
     # ---------------------------------------------------------------- consumer wait
-    waits: List[Dict[str, Any]] = []
+    waits: list[dict[str, Any]] = []
     for c in contenders:
         log(f"  consumer wait: {c}, 1 worker thread, {plan['wait_ms']} ms fake step ...")
-        res = R.call({"kind": "wait", "contender": c, "threads": 1, "ms": plan["wait_ms"], "steps": plan["wait_steps"],
-                      "settings": settings})
+        res = R.call(
+            {
+                "kind": "wait",
+                "contender": c,
+                "threads": 1,
+                "ms": plan["wait_ms"],
+                "steps": plan["wait_steps"],
+                "settings": settings,
+            }
+        )
         if res["ok"]:
             waits.append(res["result"])
 
     # ---------------------------------------------------------------- profile
-    profiles: Dict[int, Any] = {}
+    profiles: dict[int, Any] = {}
     if plan["profile"] and do_profile:
         from benchmarks.profile_text import profile_zephon
 
@@ -476,11 +608,24 @@ def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Opti
             profiles[threads] = profile_zephon(R, settings, threads, plan["steps"], tmp)
 
     shutil.rmtree(tmp, ignore_errors=True)
-    data = {"size": size, "plan": plan, "corpus": {k: corpus[k] for k in ("docs", "bytes")},
-            "shards": len(corpus["files"]), "settings": {k: v for k, v in settings.items() if k != "files"},
-            "machine": machine(), "versions": versions(), "skipped": skipped, "warm_ttfb": warm,
-            "throughput": raw, "restore": restore, "lanes": lanes_raw, "waits": waits, "profiles": profiles,
-            "wall_s": time.time() - started, "inprocess": inprocess}
+    data = {
+        "size": size,
+        "plan": plan,
+        "corpus": {k: corpus[k] for k in ("docs", "bytes")},
+        "shards": len(corpus["files"]),
+        "settings": {k: v for k, v in settings.items() if k != "files"},
+        "machine": machine(),
+        "versions": versions(),
+        "skipped": skipped,
+        "warm_ttfb": warm,
+        "throughput": raw,
+        "restore": restore,
+        "lanes": lanes_raw,
+        "waits": waits,
+        "profiles": profiles,
+        "wall_s": time.time() - started,
+        "inprocess": inprocess,
+    }
     data["machine"]["loadavg_start"] = load_start
     data["machine"]["loadavg_end"] = os.getloadavg()
     from benchmarks.report import write_report
@@ -492,15 +637,23 @@ def run_text(size: str, rounds: Optional[int], do_profile: bool, inprocess: Opti
     return md
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=sorted(PLANS), default="small")
-    ap.add_argument("--only", choices=["text", "vision", "all"], default="all",
-                    help="which half: text, vision or all (both, text first; the default)")
+    ap.add_argument(
+        "--only",
+        choices=["text", "vision", "all"],
+        default="all",
+        help="which half: text, vision or all (both, text first; the default)",
+    )
     ap.add_argument("--rounds", type=int, default=None, help="override the number of A/B rounds")
     ap.add_argument("--no-profile", action="store_true")
-    ap.add_argument("--inprocess", action="store_true", default=None,
-                    help="run measurements in this process (default only at --size smoke)")
+    ap.add_argument(
+        "--inprocess",
+        action="store_true",
+        default=None,
+        help="run measurements in this process (default only at --size smoke)",
+    )
     ap.add_argument("--out", default=None, help="results folder (default: benchmarks/results)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

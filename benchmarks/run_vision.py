@@ -13,16 +13,45 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 # size -> plan. steps: batches timed after the first batch and `warmup` untimed ones.
-VPLANS: Dict[str, Dict[str, Any]] = {
-    "smoke": {"rounds": 1, "threads": [1], "steps": 2, "warmup": 0, "seq_len": 512, "batch_rows": 4, "lanes": 4,
-              "profile": False, "bracket": False, "target_images": 48},
-    "small": {"rounds": 2, "threads": [1, 2], "steps": 12, "warmup": 2, "seq_len": 2048, "batch_rows": 4,
-              "lanes": 4, "profile": True, "target_images": 500, "once": ["zephon_proc"]},
-    "full": {"rounds": 3, "threads": [1, 2], "steps": 64, "warmup": 4, "seq_len": 2048, "batch_rows": 4, "lanes": 4,
-             "profile": True, "target_images": 2800},
+VPLANS: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "rounds": 1,
+        "threads": [1],
+        "steps": 2,
+        "warmup": 0,
+        "seq_len": 512,
+        "batch_rows": 4,
+        "lanes": 4,
+        "profile": False,
+        "bracket": False,
+        "target_images": 48,
+    },
+    "small": {
+        "rounds": 2,
+        "threads": [1, 2],
+        "steps": 12,
+        "warmup": 2,
+        "seq_len": 2048,
+        "batch_rows": 4,
+        "lanes": 4,
+        "profile": True,
+        "target_images": 500,
+        "once": ["zephon_proc"],
+    },
+    "full": {
+        "rounds": 3,
+        "threads": [1, 2],
+        "steps": 64,
+        "warmup": 4,
+        "seq_len": 2048,
+        "batch_rows": 4,
+        "lanes": 4,
+        "profile": True,
+        "target_images": 2800,
+    },
 }
 # contenders in plan["once"] run in the first round only (slow; their ratio has one round).
 # TorchTitan with its packer off carries one image per row instead of ~10: it runs this many times
@@ -40,12 +69,17 @@ VLABELS = {
     "limit": "limit: Pillow decode alone",
     "work": "reference: per-image work alone",
 }
-VNEEDS = {"zephon": "zephon", "zephon_proc": "zephon", "grain_threads": "grain", "grain_mp": "grain",
-          "titan": "torchtitan"}
+VNEEDS = {
+    "zephon": "zephon",
+    "zephon_proc": "zephon",
+    "grain_threads": "grain",
+    "grain_mp": "grain",
+    "titan": "torchtitan",
+}
 
 
 # =========================================================================== worker side
-def _vsettings(spec: Dict[str, Any]):
+def _vsettings(spec: dict[str, Any]):
     from benchmarks.vision_contenders import VSettings
 
     return VSettings.from_dict(spec["settings"])
@@ -67,7 +101,7 @@ def _vbuild(name: str, s, threads: int):
     raise ValueError(name)
 
 
-def w_vthroughput(spec: Dict[str, Any]) -> Dict[str, Any]:
+def w_vthroughput(spec: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     from benchmarks.run import RssSampler
@@ -87,7 +121,7 @@ def w_vthroughput(spec: Dict[str, Any]) -> Dict[str, Any]:
         c1 = mem.cpu_s()
         x, _, _ = batch_stats(b)
         rows, seq = x.shape
-        images = pad = n = img_tok = 0
+        images = pad = n = 0
         for _ in range(steps):
             b = next(built.it)
             x, lab, k = batch_stats(b)
@@ -101,15 +135,28 @@ def w_vthroughput(spec: Dict[str, Any]) -> Dict[str, Any]:
         built.close()
     assert seq == s.seq_len, (name, x.shape)
     dt = t2 - t1
-    return {"contender": name, "threads": threads, "ttfb_s": ttfb, "seconds": dt, "steps": steps,
-            "warmup": spec.get("warmup", 0), "rows": rows, "images": images, "images_per_s": images / dt,
-            "tokens": steps * rows * seq, "tokens_per_s": steps * rows * seq / dt,
-            "ignored_frac": pad / n if n else None, "peak_rss_mb": mem.peak / 2**20, "state": state,
-            "cpu_ms_per_image": 1000 * (c2 - c1) / images if images else None, "notes": built.notes,
-            "loadavg_1m": load}
+    return {
+        "contender": name,
+        "threads": threads,
+        "ttfb_s": ttfb,
+        "seconds": dt,
+        "steps": steps,
+        "warmup": spec.get("warmup", 0),
+        "rows": rows,
+        "images": images,
+        "images_per_s": images / dt,
+        "tokens": steps * rows * seq,
+        "tokens_per_s": steps * rows * seq / dt,
+        "ignored_frac": pad / n if n else None,
+        "peak_rss_mb": mem.peak / 2**20,
+        "state": state,
+        "cpu_ms_per_image": 1000 * (c2 - c1) / images if images else None,
+        "notes": built.notes,
+        "loadavg_1m": load,
+    }
 
 
-def w_vlimit(spec: Dict[str, Any]) -> Dict[str, Any]:
+def w_vlimit(spec: dict[str, Any]) -> dict[str, Any]:
     from benchmarks.run import RssSampler
     from benchmarks.vision_contenders import limit_images_per_s
 
@@ -117,8 +164,14 @@ def w_vlimit(spec: Dict[str, Any]) -> Dict[str, Any]:
     load = os.getloadavg()[0]
     with RssSampler() as mem:
         r = limit_images_per_s(s, spec["threads"], spec["images"], what=spec["what"], cpu=mem.cpu_s)
-    r.update({"contender": "limit" if spec["what"] == "decode" else "work", "threads": spec["threads"], "peak_rss_mb": mem.peak / 2**20,
-              "loadavg_1m": load})
+    r.update(
+        {
+            "contender": "limit" if spec["what"] == "decode" else "work",
+            "threads": spec["threads"],
+            "peak_rss_mb": mem.peak / 2**20,
+            "loadavg_1m": load,
+        }
+    )
     return r
 
 
@@ -126,10 +179,11 @@ VWORKERS = {"vthroughput": w_vthroughput, "vlimit": w_vlimit}
 
 
 # =========================================================================== orchestrator
-def run_vision(size: str, rounds: Optional[int], do_profile: bool, inprocess: Optional[bool], log,
-               out_dir: Optional[str] = None) -> str:
-    from benchmarks.corpus import DATA, vision_corpus, vl_tokenizer
+def run_vision(
+    size: str, rounds: int | None, do_profile: bool, inprocess: bool | None, log, out_dir: str | None = None
+) -> str:
     from benchmarks.common import bracketed_rounds
+    from benchmarks.corpus import DATA, vision_corpus, vl_tokenizer
     from benchmarks.run import HERE, Runner, machine, versions
     from benchmarks.vision_contenders import VSettings
 
@@ -141,12 +195,21 @@ def run_vision(size: str, rounds: Optional[int], do_profile: bool, inprocess: Op
     load_start = os.getloadavg()
     log(f"[vision/{size}] generating corpus ...")
     corpus = vision_corpus(size)
-    s = VSettings(files=corpus["files"], glob=corpus["glob"], corpus_dir=corpus["dir"],
-                  cache_dir=os.path.join(DATA, "cache"), tokenizer_dir=vl_tokenizer(), seq_len=plan["seq_len"],
-                  batch_rows=plan["batch_rows"], lanes=plan["lanes"])
+    s = VSettings(
+        files=corpus["files"],
+        glob=corpus["glob"],
+        corpus_dir=corpus["dir"],
+        cache_dir=os.path.join(DATA, "cache"),
+        tokenizer_dir=vl_tokenizer(),
+        seq_len=plan["seq_len"],
+        batch_rows=plan["batch_rows"],
+        lanes=plan["lanes"],
+    )
     settings = s.to_dict()
-    log(f"  {corpus['images']} images ({corpus['jpg']} JPEG, {corpus['png']} PNG), "
-        f"{corpus['bytes'] / 1e6:.1f} MB in {len(corpus['files'])} tar shards")
+    log(
+        f"  {corpus['images']} images ({corpus['jpg']} JPEG, {corpus['png']} PNG), "
+        f"{corpus['bytes'] / 1e6:.1f} MB in {len(corpus['files'])} tar shards"
+    )
     tmp = tempfile.mkdtemp(prefix="zephon-vbench-")
     R = Runner(inprocess, tmp, log)
     skipped = {}
@@ -166,17 +229,32 @@ def run_vision(size: str, rounds: Optional[int], do_profile: bool, inprocess: Op
         res = R.call({"kind": "vthroughput", "contender": "zephon", "threads": 1, "steps": 1, "settings": settings})
         warm["zephon"] = res.get("result", {}).get("ttfb_s")
 
-    raw: List[Dict[str, Any]] = []
+    raw: list[dict[str, Any]] = []
 
     def measure(c: str, threads: int, rnd: int, slot: int) -> None:
         log(f"  round {rnd + 1}/{plan['rounds']} threads={threads} {c} ...")
         if c in VREFS:
-            res = R.call({"kind": "vlimit", "what": "decode" if c == "limit" else "work", "threads": threads, "images": plan["target_images"],
-                          "settings": settings})
+            res = R.call(
+                {
+                    "kind": "vlimit",
+                    "what": "decode" if c == "limit" else "work",
+                    "threads": threads,
+                    "images": plan["target_images"],
+                    "settings": settings,
+                }
+            )
         else:
             k = TITAN_UNPACKED_STEPS if c == "titan" and not settings["titan_packing_buffer"] else 1
-            res = R.call({"kind": "vthroughput", "contender": c, "threads": threads, "steps": plan["steps"] * k,
-                          "warmup": plan["warmup"] * k, "settings": settings})
+            res = R.call(
+                {
+                    "kind": "vthroughput",
+                    "contender": c,
+                    "threads": threads,
+                    "steps": plan["steps"] * k,
+                    "warmup": plan["warmup"] * k,
+                    "settings": settings,
+                }
+            )
         if res["ok"]:
             r = res["result"]
             r.update(round=rnd, contender=c, slot=slot)
@@ -186,10 +264,14 @@ def run_vision(size: str, rounds: Optional[int], do_profile: bool, inprocess: Op
             raw.append({"contender": c, "threads": threads, "round": rnd, "slot": slot, "error": res["error"]})
 
     others = [c for c in contenders if c != "zephon"] + VREFS
-    bracketed_rounds(plan, "zephon" in contenders,
-                     lambda rnd, threads: [c for c in others if rnd == 0 or c not in plan.get("once", [])], measure)
+    bracketed_rounds(
+        plan,
+        "zephon" in contenders,
+        lambda rnd, threads: [c for c in others if rnd == 0 or c not in plan.get("once", [])],
+        measure,
+    )
 
-    profiles: Dict[int, Any] = {}
+    profiles: dict[int, Any] = {}
     if plan["profile"] and do_profile and "zephon" in contenders:
         from benchmarks.profile_vision import profile_zephon_vision
 
@@ -198,11 +280,22 @@ def run_vision(size: str, rounds: Optional[int], do_profile: bool, inprocess: Op
             profiles[threads] = profile_zephon_vision(R, settings, threads, plan["steps"], plan["warmup"], tmp)
 
     shutil.rmtree(tmp, ignore_errors=True)
-    data = {"half": "vision", "size": size, "plan": plan,
-            "corpus": {k: corpus[k] for k in ("images", "jpg", "png", "bytes", "mean_pixels", "min_side", "max_side")},
-            "shards": len(corpus["files"]), "settings": {k: v for k, v in settings.items() if k != "files"},
-            "machine": machine(), "versions": versions(), "skipped": skipped, "warm_ttfb": warm,
-            "throughput": raw, "profiles": profiles, "wall_s": time.time() - started, "inprocess": inprocess}
+    data = {
+        "half": "vision",
+        "size": size,
+        "plan": plan,
+        "corpus": {k: corpus[k] for k in ("images", "jpg", "png", "bytes", "mean_pixels", "min_side", "max_side")},
+        "shards": len(corpus["files"]),
+        "settings": {k: v for k, v in settings.items() if k != "files"},
+        "machine": machine(),
+        "versions": versions(),
+        "skipped": skipped,
+        "warm_ttfb": warm,
+        "throughput": raw,
+        "profiles": profiles,
+        "wall_s": time.time() - started,
+        "inprocess": inprocess,
+    }
     data["machine"]["loadavg_start"] = load_start
     data["machine"]["loadavg_end"] = os.getloadavg()
     from benchmarks.report_vision import write_vision_report
@@ -214,7 +307,7 @@ def run_vision(size: str, rounds: Optional[int], do_profile: bool, inprocess: Op
     return md
 
 
-def available_mod(mod: str) -> Optional[str]:
+def available_mod(mod: str) -> str | None:
     import importlib.util
 
     try:

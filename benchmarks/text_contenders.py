@@ -17,8 +17,9 @@ import json
 import mmap
 import os
 import pickle
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ SEED = 1
 
 @dataclass
 class Settings:
-    files: List[str]
+    files: list[str]
     glob: str
     corpus_dir: str
     cache_dir: str
@@ -42,16 +43,16 @@ class Settings:
     shuffle_rows: int = SHUFFLE_ROWS
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "Settings":
+    def from_dict(cls, d: dict[str, Any]) -> Settings:
         return cls(**d)
 
 
 @dataclass
 class Built:
     it: Iterator[Any]
-    state_bytes: Callable[[], Dict[str, Any]]
+    state_bytes: Callable[[], dict[str, Any]]
     close: Callable[[], None] = lambda: None
-    notes: List[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def rows_of(batch: Any) -> np.ndarray:
@@ -82,7 +83,7 @@ class Encoder:
     def __getstate__(self):
         return {"tokenizer_dir": self.tokenizer_dir, "_tok": None}
 
-    def __call__(self, texts: List[str]) -> List[np.ndarray]:
+    def __call__(self, texts: list[str]) -> list[np.ndarray]:
         if self._tok is None:
             self._tok, self.bos, self.eos = load_tokenizer(self.tokenizer_dir)
         out = []
@@ -116,14 +117,14 @@ class JsonlSource:
         self.cum = np.concatenate([[0], np.cumsum(self.counts)])
         self.starts = np.concatenate(starts).astype(np.int64)
         self.ends = np.concatenate(ends).astype(np.int64)
-        self._maps: Optional[List[mmap.mmap]] = None
+        self._maps: list[mmap.mmap] | None = None
 
     def __getstate__(self):
         d = dict(self.__dict__)
         d["_maps"] = None
         return d
 
-    def _m(self) -> List[mmap.mmap]:
+    def _m(self) -> list[mmap.mmap]:
         if self._maps is None:
             maps = []
             for f in self.files:
@@ -138,14 +139,14 @@ class JsonlSource:
     def __getitem__(self, i: int) -> bytes:
         i = int(i)
         f = int(np.searchsorted(self.cum, i, side="right") - 1)
-        return self._m()[f][self.starts[i]:self.ends[i]]
+        return self._m()[f][self.starts[i] : self.ends[i]]
 
 
-def parse(lines: Sequence[bytes]) -> List[str]:
+def parse(lines: Sequence[bytes]) -> list[str]:
     return [json.loads(b)["text"] for b in lines]
 
 
-def make_row(segments: List[np.ndarray], seq_len: int) -> Dict[str, np.ndarray]:
+def make_row(segments: list[np.ndarray], seq_len: int) -> dict[str, np.ndarray]:
     """One packed row from segments summing to seq_len + 1 tokens (zephon's row fields)."""
     L = seq_len + 1
     tokens = np.empty(L, dtype=np.int64)
@@ -154,22 +155,33 @@ def make_row(segments: List[np.ndarray], seq_len: int) -> Dict[str, np.ndarray]:
     pos = 0
     for j, seg in enumerate(segments):
         k = len(seg)
-        tokens[pos:pos + k] = seg
-        positions[pos:pos + k] = np.arange(k)
-        doc_ids[pos:pos + k] = j
+        tokens[pos : pos + k] = seg
+        positions[pos : pos + k] = np.arange(k)
+        doc_ids[pos : pos + k] = j
         pos += k
-    return {"input": tokens[:-1], "labels": tokens[1:].copy(), "positions": positions[:-1],
-            "document_ids": doc_ids[:-1]}
+    return {
+        "input": tokens[:-1],
+        "labels": tokens[1:].copy(),
+        "positions": positions[:-1],
+        "document_ids": doc_ids[:-1],
+    }
 
 
-def stack(rows: List[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+def stack(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 
 # --------------------------------------------------------------------------- zephon
-def build_zephon(s: Settings, threads: int, *, lanes: Optional[int] = None, global_batch: Optional[int] = None,
-                 shuffle_rows: Optional[int] = None, backend: str = "thread") -> Built:
-    from zephon import Recipe, WorkerConfig
+def build_zephon(
+    s: Settings,
+    threads: int,
+    *,
+    lanes: int | None = None,
+    global_batch: int | None = None,
+    shuffle_rows: int | None = None,
+    backend: str = "thread",
+) -> Built:
+    from zephon import WorkerConfig
 
     r = zephon_recipe(s, lanes=lanes, global_batch=global_batch, shuffle_rows=shuffle_rows)
     r.prepare()
@@ -178,23 +190,36 @@ def build_zephon(s: Settings, threads: int, *, lanes: Optional[int] = None, glob
     def state_bytes():
         st = g.state_dict()
         per_lane = [len(json.dumps(v).encode()) for k, v in st.items() if k.startswith("lane_")]
-        return {"bytes_per_rank": len(json.dumps(st).encode()), "max_bytes_per_lane": max(per_lane),
-                "lanes": len(per_lane), "format": "JSON"}
+        return {
+            "bytes_per_rank": len(json.dumps(st).encode()),
+            "max_bytes_per_lane": max(per_lane),
+            "lanes": len(per_lane),
+            "format": "JSON",
+        }
 
     return Built(iter(g), state_bytes, g.close)
 
 
-def zephon_recipe(s: Settings, *, lanes: Optional[int] = None, global_batch: Optional[int] = None,
-                  shuffle_rows: Optional[int] = None):
+def zephon_recipe(
+    s: Settings, *, lanes: int | None = None, global_batch: int | None = None, shuffle_rows: int | None = None
+):
     from zephon import Recipe
 
     lanes = lanes or s.lanes
-    return Recipe.from_dict({
-        "seed": SEED, "lanes": lanes, "seq_len": s.seq_len, "global_batch_size": global_batch or s.batch_rows,
-        "cache_dir": s.cache_dir, "tokenizer": {"path": s.tokenizer_dir},
-        "datasets": [{"name": "web", "path": s.glob}],
-        "shuffle": {"buffer": shuffle_rows or s.shuffle_rows}, "pack": {"algorithm": "greedy"},
-    }, s.corpus_dir)
+    return Recipe.from_dict(
+        {
+            "seed": SEED,
+            "lanes": lanes,
+            "seq_len": s.seq_len,
+            "global_batch_size": global_batch or s.batch_rows,
+            "cache_dir": s.cache_dir,
+            "tokenizer": {"path": s.tokenizer_dir},
+            "datasets": [{"name": "web", "path": s.glob}],
+            "shuffle": {"buffer": shuffle_rows or s.shuffle_rows},
+            "pack": {"algorithm": "greedy"},
+        },
+        s.corpus_dir,
+    )
 
 
 # --------------------------------------------------------------------------- Grain
@@ -222,9 +247,12 @@ def _grain_unbatch():
 
 def _grain_row(r):
     t = r["tokens"]
-    return {"input": t[:-1].astype(np.int64), "labels": t[1:].astype(np.int64),
-            "positions": r["tokens_positions"][:-1].astype(np.int64),
-            "document_ids": r["tokens_segment_ids"][:-1]}
+    return {
+        "input": t[:-1].astype(np.int64),
+        "labels": t[1:].astype(np.int64),
+        "positions": r["tokens_positions"][:-1].astype(np.int64),
+        "document_ids": r["tokens_segment_ids"][:-1],
+    }
 
 
 def _grain_pipeline(s: Settings, read_threads: int, src: JsonlSource):
@@ -232,8 +260,7 @@ def _grain_pipeline(s: Settings, read_threads: int, src: JsonlSource):
     import grain.experimental as ge
 
     tokenize, to_batch_row = _GrainTokenize(s.tokenizer_dir), _grain_row
-    ds = (grain.MapDataset.source(src).shuffle(seed=SEED).repeat()
-          .batch(CHUNK, batch_fn=list).map(tokenize))
+    ds = grain.MapDataset.source(src).shuffle(seed=SEED).repeat().batch(CHUNK, batch_fn=list).map(tokenize)
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=read_threads))
     it = ge.FlatMapIterDataset(it, _grain_unbatch())
     it = ge.ConcatThenSplitIterDataset(it, length_struct={"tokens": s.seq_len + 1})
@@ -259,8 +286,9 @@ def build_grain_mp(s: Settings, threads: int) -> Built:
         if c:
             c()
 
-    return Built(it, lambda: {"bytes_per_rank": len(json.dumps(it.get_state(), default=str).encode()), "format": "JSON"},
-                 close)
+    return Built(
+        it, lambda: {"bytes_per_rank": len(json.dumps(it.get_state(), default=str).encode()), "format": "JSON"}, close
+    )
 
 
 # --------------------------------------------------------------------------- torchdata.nodes
@@ -280,7 +308,7 @@ class GreedyPack:
                 super().reset(initial_state)
                 if initial_state is None:
                     self.source.reset(None)
-                    self.pending: List[np.ndarray] = []
+                    self.pending: list[np.ndarray] = []
                 else:
                     self.source.reset(initial_state["source"])
                     self.pending = [np.asarray(p, dtype=np.int32) for p in initial_state["pending"]]
@@ -298,7 +326,7 @@ class GreedyPack:
                     row.append(p[:k])
                     take += k
                     if take == L:
-                        rest = ([p[k:]] if k < len(p) else []) + self.pending[i + 1:]
+                        rest = ([p[k:]] if k < len(p) else []) + self.pending[i + 1 :]
                         break
                 self.pending = rest
                 self.used -= L
@@ -326,7 +354,7 @@ class RowShuffle:
                 super().reset(initial_state)
                 self.source.reset(None if initial_state is None else initial_state["source"])
                 self.w = 0 if initial_state is None else initial_state["w"]
-                self.out: List[Any] = [] if initial_state is None else initial_state["out"]
+                self.out: list[Any] = [] if initial_state is None else initial_state["out"]
 
             def next(self):
                 if not self.out:
@@ -361,7 +389,7 @@ def build_torchdata(s: Settings, threads: int) -> Built:
             yield from np.random.default_rng([SEED, epoch]).permutation(n).tolist()
             epoch += 1
 
-    def read_and_tokenize(idx: List[int]) -> List[np.ndarray]:
+    def read_and_tokenize(idx: list[int]) -> list[np.ndarray]:
         return enc(parse([src[i] for i in idx]))
 
     node = tn.IterableWrapper(doc_indices())
@@ -378,10 +406,16 @@ def build_torchdata(s: Settings, threads: int) -> Built:
     def state_bytes():
         return {"bytes_per_rank": len(pickle.dumps(loader.state_dict())), "format": "pickle"}
 
-    return Built(it, state_bytes, lambda: None,
-                 notes=["ParallelMapper(thread, in_order) over chunks of 32 documents; greedy packer and window "
-                        "shuffle written here (benchmarks/text_contenders.py); the document order is a seeded "
-                        "permutation per epoch built from a generator"])
+    return Built(
+        it,
+        state_bytes,
+        lambda: None,
+        notes=[
+            "ParallelMapper(thread, in_order) over chunks of 32 documents; greedy packer and window "
+            "shuffle written here (benchmarks/text_contenders.py); the document order is a seeded "
+            "permutation per epoch built from a generator"
+        ],
+    )
 
 
 # --------------------------------------------------------------------------- TorchTitan
@@ -390,10 +424,12 @@ def build_titan(s: Settings, num_workers: int) -> Built:
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
     tok = HuggingFaceTokenizer(tokenizer_path=s.tokenizer_dir)
-    cfg = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=s.corpus_dir, infinite=True,
-                                           num_workers=num_workers)
-    dl = HuggingFaceTextDataLoader(cfg, dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=s.seq_len,
-                                   local_batch_size=s.batch_rows)
+    cfg = HuggingFaceTextDataLoader.Config(
+        dataset="c4_test", dataset_path=s.corpus_dir, infinite=True, num_workers=num_workers
+    )
+    dl = HuggingFaceTextDataLoader(
+        cfg, dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=s.seq_len, local_batch_size=s.batch_rows
+    )
     it = iter(dl)
 
     def state_bytes():
@@ -408,18 +444,19 @@ def build_titan(s: Settings, num_workers: int) -> Built:
 
 
 # --------------------------------------------------------------------------- the limit
-def limit_tokens_per_s(s: Settings, threads: int, target_tokens: int,
-                       cpu: Optional[Callable[[], float]] = None) -> Dict[str, float]:
+def limit_tokens_per_s(
+    s: Settings, threads: int, target_tokens: int, cpu: Callable[[], float] | None = None
+) -> dict[str, float]:
     """``encode_batch_fast`` alone over the corpus's documents (already parsed, in memory), in
     chunks of ``CHUNK``, on ``threads`` threads, until ``target_tokens`` tokens (BOS/EOS counted)."""
 
-    texts: List[str] = []
+    texts: list[str] = []
     for f in s.files:
         with open(f, "rb") as fh:
             texts.extend(parse(fh.read().splitlines()))
     enc = Encoder(s.tokenizer_dir)
     enc(texts[:2])  # load
-    chunks = [texts[i:i + CHUNK] for i in range(0, len(texts), CHUNK)]
+    chunks = [texts[i : i + CHUNK] for i in range(0, len(texts), CHUNK)]
 
     def work(c):
         return sum(len(a) for a in enc(c))
@@ -427,5 +464,9 @@ def limit_tokens_per_s(s: Settings, threads: int, target_tokens: int,
     from benchmarks.common import run_chunks
 
     total, dt, cpu_s = run_chunks(work, chunks, threads, target_tokens, cpu)
-    return {"tokens": total, "seconds": dt, "tokens_per_s": total / dt,
-            "cpu_s_per_mtok": cpu_s / (total / 1e6) if cpu_s is not None else None}
+    return {
+        "tokens": total,
+        "seconds": dt,
+        "tokens_per_s": total / dt,
+        "cpu_s_per_mtok": cpu_s / (total / 1e6) if cpu_s is not None else None,
+    }

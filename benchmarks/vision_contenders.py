@@ -28,8 +28,9 @@ import pickle
 import sys
 import tarfile
 import types
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -37,13 +38,17 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 SEED = 1
 IGNORE_INDEX = -100
-VISION_TOKENS = {"vision_start": "<|vision_start|>", "vision_end": "<|vision_end|>", "image": "<|image_pad|>",
-                 "video": "<|video_pad|>"}
+VISION_TOKENS = {
+    "vision_start": "<|vision_start|>",
+    "vision_end": "<|vision_end|>",
+    "image": "<|image_pad|>",
+    "video": "<|video_pad|>",
+}
 
 
 @dataclass
 class VSettings:
-    files: List[str]
+    files: list[str]
     glob: str
     corpus_dir: str
     cache_dir: str
@@ -56,8 +61,8 @@ class VSettings:
     merge_size: int = 2
     min_pixels: int = 65536  # 256 x 256
     max_pixels: int = 262144  # 512 x 512
-    mean: Tuple[float, float, float] = (0.5, 0.5, 0.5)
-    std: Tuple[float, float, float] = (0.5, 0.5, 0.5)
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     chunk: int = 8  # samples per worker task (zephon's [vision].chunk_size default)
     max_images_per_batch: int = 128
     grain_prefetch: int = 64  # Grain ReadOptions.prefetch_buffer_size (samples)
@@ -69,14 +74,14 @@ class VSettings:
     titan_packing_buffer: int = 0
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "VSettings":
+    def from_dict(cls, d: dict[str, Any]) -> VSettings:
         d = dict(d)
         for k in ("mean", "std"):
             if k in d:
                 d[k] = tuple(d[k])
         return cls(**d)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @property
@@ -87,12 +92,12 @@ class VSettings:
 @dataclass
 class Built:
     it: Iterator[Any]
-    state_bytes: Callable[[], Dict[str, Any]]
+    state_bytes: Callable[[], dict[str, Any]]
     close: Callable[[], None] = lambda: None
-    notes: List[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
-def batch_stats(batch: Any) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
+def batch_stats(batch: Any) -> tuple[np.ndarray, np.ndarray | None, int]:
     """(input [rows, seq_len], labels or None, images in the batch) of any contender's batch."""
     labels = None
     if isinstance(batch, (tuple, list)):  # TorchTitan: (input_dict, labels)
@@ -109,7 +114,7 @@ def batch_stats(batch: Any) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
 
 
 # --------------------------------------------------------------------------- shared pieces
-def preprocess(data: bytes, s: VSettings) -> Tuple[np.ndarray, np.ndarray]:
+def preprocess(data: bytes, s: VSettings) -> tuple[np.ndarray, np.ndarray]:
     """Decode, resize, normalise, patchify one image: (patches float32 [N, patch_dim] in block
     order, grid_thw int64 [3]).
 
@@ -123,7 +128,7 @@ def preprocess(data: bytes, s: VSettings) -> Tuple[np.ndarray, np.ndarray]:
     return preprocess_patches(data, _vision_config(s))
 
 
-_CONFIGS: Dict[Any, Any] = {}
+_CONFIGS: dict[Any, Any] = {}
 
 
 def _vision_config(s: VSettings):
@@ -132,9 +137,16 @@ def _vision_config(s: VSettings):
     key = (s.patch_size, s.temporal_patch_size, s.merge_size, s.min_pixels, s.max_pixels, tuple(s.mean), tuple(s.std))
     cfg = _CONFIGS.get(key)
     if cfg is None:
-        cfg = _CONFIGS[key] = VisionConfig(patch_size=s.patch_size, temporal_patch_size=s.temporal_patch_size,
-                                           merge_size=s.merge_size, min_pixels=s.min_pixels, max_pixels=s.max_pixels,
-                                           mean=tuple(s.mean), std=tuple(s.std), mrope=False)
+        cfg = _CONFIGS[key] = VisionConfig(
+            patch_size=s.patch_size,
+            temporal_patch_size=s.temporal_patch_size,
+            merge_size=s.merge_size,
+            min_pixels=s.min_pixels,
+            max_pixels=s.max_pixels,
+            mean=tuple(s.mean),
+            std=tuple(s.std),
+            mrope=False,
+        )
     return cfg
 
 
@@ -149,8 +161,8 @@ class WdsSource:
         self.files = list(files)
         rows = []
         for fi, f in enumerate(self.files):
-            members: Dict[str, Dict[str, Tuple[int, int]]] = {}
-            order: List[str] = []
+            members: dict[str, dict[str, tuple[int, int]]] = {}
+            order: list[str] = []
             with tarfile.open(f, "r:") as tf:
                 for m in tf:
                     if not m.isfile():
@@ -167,14 +179,14 @@ class WdsSource:
                 if "img" in mm and "txt" in mm:
                     rows.append((fi, *mm["img"], *mm["txt"]))
         self.index = np.array(rows, dtype=np.int64).reshape(-1, 5)
-        self._maps: Optional[List[mmap.mmap]] = None
+        self._maps: list[mmap.mmap] | None = None
 
     def __getstate__(self):
         d = dict(self.__dict__)
         d["_maps"] = None
         return d
 
-    def _m(self) -> List[mmap.mmap]:
+    def _m(self) -> list[mmap.mmap]:
         if self._maps is None:
             maps = []
             for f in self.files:
@@ -186,10 +198,10 @@ class WdsSource:
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, i: int) -> Tuple[bytes, str]:
+    def __getitem__(self, i: int) -> tuple[bytes, str]:
         fi, io_, il, to, tl = (int(v) for v in self.index[int(i)])
         m = self._m()[fi]
-        return m[io_:io_ + il], m[to:to + tl].decode("utf-8")
+        return m[io_ : io_ + il], m[to : to + tl].decode("utf-8")
 
 
 class _Tok:
@@ -218,9 +230,9 @@ def layout(ids: Sequence[int], grid: np.ndarray, t: _Tok, merge: int) -> np.ndar
     n = int(grid.prod()) // (merge * merge)
     out = np.empty(n + len(ids) + 4, dtype=np.int32)
     out[0], out[1] = t.bos, t.ids["vision_start"]
-    out[2:2 + n] = t.ids["image"]
+    out[2 : 2 + n] = t.ids["image"]
     out[2 + n] = t.ids["vision_end"]
-    out[3 + n:-1] = ids
+    out[3 + n : -1] = ids
     out[-1] = t.eos
     return out
 
@@ -229,16 +241,31 @@ def layout(ids: Sequence[int], grid: np.ndarray, t: _Tok, merge: int) -> np.ndar
 def zephon_recipe(s: VSettings):
     from zephon import Recipe
 
-    return Recipe.from_dict({
-        "seed": SEED, "lanes": s.lanes, "seq_len": s.seq_len, "global_batch_size": s.batch_rows,
-        "cache_dir": s.cache_dir, "tokenizer": {"path": s.tokenizer_dir},
-        "datasets": [{"name": "pairs", "kind": "image_text", "path": s.glob}],
-        "vision": {"patch_size": s.patch_size, "temporal_patch_size": s.temporal_patch_size,
-                   "merge_size": s.merge_size, "min_pixels": s.min_pixels, "max_pixels": s.max_pixels,
-                   "mean": list(s.mean), "std": list(s.std), "mrope": False,
-                   "max_images_per_batch": s.max_images_per_batch, "chunk_size": s.chunk},
-        "shuffle": {"buffer": 1},
-    }, s.corpus_dir)
+    return Recipe.from_dict(
+        {
+            "seed": SEED,
+            "lanes": s.lanes,
+            "seq_len": s.seq_len,
+            "global_batch_size": s.batch_rows,
+            "cache_dir": s.cache_dir,
+            "tokenizer": {"path": s.tokenizer_dir},
+            "datasets": [{"name": "pairs", "kind": "image_text", "path": s.glob}],
+            "vision": {
+                "patch_size": s.patch_size,
+                "temporal_patch_size": s.temporal_patch_size,
+                "merge_size": s.merge_size,
+                "min_pixels": s.min_pixels,
+                "max_pixels": s.max_pixels,
+                "mean": list(s.mean),
+                "std": list(s.std),
+                "mrope": False,
+                "max_images_per_batch": s.max_images_per_batch,
+                "chunk_size": s.chunk,
+            },
+            "shuffle": {"buffer": 1},
+        },
+        s.corpus_dir,
+    )
 
 
 def build_zephon(s: VSettings, threads: int, backend: str = "thread") -> Built:
@@ -251,8 +278,12 @@ def build_zephon(s: VSettings, threads: int, backend: str = "thread") -> Built:
     def state_bytes():
         st = g.state_dict()
         per_lane = [len(json.dumps(v).encode()) for k, v in st.items() if k.startswith("lane_")]
-        return {"bytes_per_rank": len(json.dumps(st).encode()), "max_bytes_per_lane": max(per_lane),
-                "lanes": len(per_lane), "format": "JSON"}
+        return {
+            "bytes_per_rank": len(json.dumps(st).encode()),
+            "max_bytes_per_lane": max(per_lane),
+            "lanes": len(per_lane),
+            "format": "JSON",
+        }
 
     return Built(iter(g), state_bytes, g.close)
 
@@ -269,8 +300,7 @@ class GrainSample:
         data, caption = pair
         patches, grid = preprocess(data, self.s)
         ids = self.t.load().encode(caption, add_special_tokens=False).ids
-        return {"tokens": layout(ids, grid, self.t, self.s.merge_size), "pixel_values": patches,
-                "grid_thw": grid[None]}
+        return {"tokens": layout(ids, grid, self.t, self.s.merge_size), "pixel_values": patches, "grid_thw": grid[None]}
 
 
 class GrainBatch:
@@ -291,9 +321,14 @@ class GrainBatch:
         lab[np.isin(lab, list(t.ids.values())) | (seg[:, 1:] == 0)] = IGNORE_INDEX
         pix = [x for r in rows for x in r["pixel_values"]]
         grids = [g for r in rows for g in r["grid_thw"]]
-        return {"input": tok[:, :-1], "labels": lab, "positions": pos[:, :-1], "document_ids": seg[:, :-1] - 1,
-                "pixel_values": np.concatenate(pix) if pix else np.zeros((0, self.s.patch_dim), np.float32),
-                "grid_thw": np.concatenate(grids) if grids else np.zeros((0, 3), np.int64)}
+        return {
+            "input": tok[:, :-1],
+            "labels": lab,
+            "positions": pos[:, :-1],
+            "document_ids": seg[:, :-1] - 1,
+            "pixel_values": np.concatenate(pix) if pix else np.zeros((0, self.s.patch_dim), np.float32),
+            "grid_thw": np.concatenate(grids) if grids else np.zeros((0, 3), np.int64),
+        }
 
 
 def _grain_pipeline(s: VSettings, read_threads: int):
@@ -304,15 +339,22 @@ def _grain_pipeline(s: VSettings, read_threads: int):
     tk.load()
     ds = grain.MapDataset.source(WdsSource(s.files)).shuffle(seed=SEED).repeat().map(GrainSample(s))
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=s.grain_prefetch))
-    it = ge.FirstFitPackIterDataset(it, length_struct={"tokens": s.seq_len + 1}, num_packing_bins=s.batch_rows,
-                                    shuffle_bins=False, meta_features=("pixel_values", "grid_thw"),
-                                    padding_struct={"tokens": tk.pad})
+    it = ge.FirstFitPackIterDataset(
+        it,
+        length_struct={"tokens": s.seq_len + 1},
+        num_packing_bins=s.batch_rows,
+        shuffle_bins=False,
+        meta_features=("pixel_values", "grid_thw"),
+        padding_struct={"tokens": tk.pad},
+    )
     return it.batch(s.batch_rows, drop_remainder=True, batch_fn=GrainBatch(s))
 
 
 def build_grain_threads(s: VSettings, threads: int) -> Built:
     it = iter(_grain_pipeline(s, threads))
-    return Built(it, lambda: {"bytes_per_rank": len(json.dumps(it.get_state(), default=str).encode()), "format": "JSON"})
+    return Built(
+        it, lambda: {"bytes_per_rank": len(json.dumps(it.get_state(), default=str).encode()), "format": "JSON"}
+    )
 
 
 def build_grain_mp(s: VSettings, threads: int) -> Built:
@@ -326,8 +368,9 @@ def build_grain_mp(s: VSettings, threads: int) -> Built:
         if c:
             c()
 
-    return Built(it, lambda: {"bytes_per_rank": len(json.dumps(it.get_state(), default=str).encode()), "format": "JSON"},
-                 close)
+    return Built(
+        it, lambda: {"bytes_per_rank": len(json.dumps(it.get_state(), default=str).encode()), "format": "JSON"}, close
+    )
 
 
 # --------------------------------------------------------------------------- TorchTitan
@@ -342,6 +385,7 @@ def install_torchvision_shim() -> bool:
     ``datasets`` hands TorchTitan PIL images). Returns True if the shim was installed."""
     try:
         import torchvision.transforms.v2.functional  # noqa: F401
+
         return False
     except Exception:
         pass
@@ -372,10 +416,15 @@ def install_torchvision_shim() -> bool:
             return image
         image = image.reshape(-1, c, oh, ow)
         strides = image.stride()
-        if image.is_contiguous(memory_format=torch.channels_last) and image.shape[0] == 1 and image.numel() != strides[0]:
+        if (
+            image.is_contiguous(memory_format=torch.channels_last)
+            and image.shape[0] == 1
+            and image.numel() != strides[0]
+        ):
             image = image.as_strided((1, c, oh, ow), strides)
-        out = torch.nn.functional.interpolate(image, size=[nh, nw], mode=interpolation.value, align_corners=False,
-                                              antialias=antialias)
+        out = torch.nn.functional.interpolate(
+            image, size=[nh, nw], mode=interpolation.value, align_corners=False, antialias=antialias
+        )
         return out.reshape(shape[:-3] + (c, nh, nw))
 
     def to_dtype(image, dtype=torch.float32, scale=False):
@@ -399,9 +448,16 @@ def install_torchvision_shim() -> bool:
         im = Image.open(io.BytesIO(data.numpy().tobytes())).convert("RGB")
         return pil_to_tensor(im)
 
-    mods = {name: types.ModuleType(name) for name in ("torchvision", "torchvision.io", "torchvision.transforms",
-                                                       "torchvision.transforms.v2",
-                                                       "torchvision.transforms.v2.functional")}
+    mods = {
+        name: types.ModuleType(name)
+        for name in (
+            "torchvision",
+            "torchvision.io",
+            "torchvision.transforms",
+            "torchvision.transforms.v2",
+            "torchvision.transforms.v2.functional",
+        )
+    }
     F = mods["torchvision.transforms.v2.functional"]
     for fn in (pil_to_tensor, resize, to_dtype, normalize, pad):
         setattr(F, fn.__name__, fn)
@@ -421,7 +477,7 @@ def install_torchvision_shim() -> bool:
     return True
 
 
-def _titan_sample(sample: Dict[str, Any], **kw: Any):
+def _titan_sample(sample: dict[str, Any], **kw: Any):
     """TorchTitan's ``_process_cc12_wd_sample`` with the image taken from ``.jpg`` or ``.png``
     (its own reads ``.jpg`` only); the rest is its ``_process_mm_sample``, unchanged."""
     from torchtitan.hf_datasets.multimodal.mm_datasets import _process_mm_sample
@@ -442,36 +498,61 @@ class _TitanLoader:
     def __call__(self, path: str):
         from datasets import Features, Image, Value, load_dataset
 
-        feats = Features({"__key__": Value("string"), "__url__": Value("string"), "jpg": Image(), "png": Image(),
-                          "txt": Value("string")})
-        return load_dataset("webdataset", data_files={"train": self.files}, split="train", streaming=True,
-                            features=feats)
+        feats = Features(
+            {
+                "__key__": Value("string"),
+                "__url__": Value("string"),
+                "jpg": Image(),
+                "png": Image(),
+                "txt": Value("string"),
+            }
+        )
+        return load_dataset(
+            "webdataset", data_files={"train": self.files}, split="train", streaming=True, features=feats
+        )
 
 
 def build_titan(s: VSettings, num_workers: int) -> Built:
     install_torchvision_shim()
     import torch
-
     from torchtitan.components.tokenizer import MultiModalTokenizer
     from torchtitan.hf_datasets import DatasetConfig
     from torchtitan.hf_datasets.multimodal import mm_datasets as mm
 
-    mm.MM_DATASETS["zephon-bench"] = DatasetConfig(path=s.corpus_dir, loader=_TitanLoader(s.files),
-                                                   sample_processor=_titan_sample)
-    tok = MultiModalTokenizer(MultiModalTokenizer.Config(
-        image_token=VISION_TOKENS["image"], video_token=VISION_TOKENS["video"],
-        vision_start_token=VISION_TOKENS["vision_start"], vision_end_token=VISION_TOKENS["vision_end"],
-        pad_token="<|pad|>"), tokenizer_path=s.tokenizer_dir)
+    mm.MM_DATASETS["zephon-bench"] = DatasetConfig(
+        path=s.corpus_dir, loader=_TitanLoader(s.files), sample_processor=_titan_sample
+    )
+    tok = MultiModalTokenizer(
+        MultiModalTokenizer.Config(
+            image_token=VISION_TOKENS["image"],
+            video_token=VISION_TOKENS["video"],
+            vision_start_token=VISION_TOKENS["vision_start"],
+            vision_end_token=VISION_TOKENS["vision_end"],
+            pad_token="<|pad|>",
+        ),
+        tokenizer_path=s.tokenizer_dir,
+    )
     cfg = mm.MMDataLoader.Config(
-        dataset="zephon-bench", dataset_path=s.corpus_dir, infinite=True, num_workers=num_workers,
-        packing_buffer_size=s.titan_packing_buffer, max_images_per_batch=s.max_images_per_batch,
-        patch_size=s.patch_size, temporal_patch_size=s.temporal_patch_size, spatial_merge_size=s.merge_size,
-        min_pixels=s.min_pixels, max_pixels=s.max_pixels, image_mean=tuple(s.mean), image_std=tuple(s.std),
-        build_mrope_positions=False)
+        dataset="zephon-bench",
+        dataset_path=s.corpus_dir,
+        infinite=True,
+        num_workers=num_workers,
+        packing_buffer_size=s.titan_packing_buffer,
+        max_images_per_batch=s.max_images_per_batch,
+        patch_size=s.patch_size,
+        temporal_patch_size=s.temporal_patch_size,
+        spatial_merge_size=s.merge_size,
+        min_pixels=s.min_pixels,
+        max_pixels=s.max_pixels,
+        image_mean=tuple(s.mean),
+        image_std=tuple(s.std),
+        build_mrope_positions=False,
+    )
     if num_workers == 0:
         torch.set_num_threads(1)  # the main process alone: 1 thread, like the others' "1"
-    dl = mm.MMDataLoader(cfg, dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=s.seq_len,
-                         local_batch_size=s.batch_rows)
+    dl = mm.MMDataLoader(
+        cfg, dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=s.seq_len, local_batch_size=s.batch_rows
+    )
     it = iter(dl)
 
     def state_bytes():
@@ -484,20 +565,23 @@ def build_titan(s: VSettings, num_workers: int) -> Built:
 
     notes = []
     if s.titan_packing_buffer == 0:
-        notes.append("TorchTitan MMDataLoader ran with packing_buffer_size = 0 (its packer off: one sample per "
-                     "row, padded), because its MMSamplePacker only emits exactly filled rows and its buffer grows "
-                     "without bound on image samples (see benchmarks/README.md)")
+        notes.append(
+            "TorchTitan MMDataLoader ran with packing_buffer_size = 0 (its packer off: one sample per "
+            "row, padded), because its MMSamplePacker only emits exactly filled rows and its buffer grows "
+            "without bound on image samples (see benchmarks/README.md)"
+        )
     return Built(it, state_bytes, close, notes)
 
 
 # --------------------------------------------------------------------------- the limit
-def load_pairs(files: Sequence[str]) -> List[Tuple[bytes, str]]:
+def load_pairs(files: Sequence[str]) -> list[tuple[bytes, str]]:
     src = WdsSource(files)
     return [src[i] for i in range(len(src))]
 
 
-def limit_images_per_s(s: VSettings, threads: int, target_images: int, what: str = "decode",
-                       cpu: Optional[Callable[[], float]] = None) -> Dict[str, Any]:
+def limit_images_per_s(
+    s: VSettings, threads: int, target_images: int, what: str = "decode", cpu: Callable[[], float] | None = None
+) -> dict[str, Any]:
     """``what="decode"``: ``Image.open(bytes).convert("RGB")`` (decode + convert; a no-op copy
     for RGB images) alone; ``what="work"``: decode, resize, normalise, patchify and the
     caption's tokens (one ``encode_batch_fast`` per chunk) with no packing or batching.
@@ -527,10 +611,14 @@ def limit_images_per_s(s: VSettings, threads: int, target_images: int, what: str
         return n
 
     fn = decode if what == "decode" else work
-    chunks = [pairs[i:i + s.chunk] for i in range(0, len(pairs), s.chunk)]
+    chunks = [pairs[i : i + s.chunk] for i in range(0, len(pairs), s.chunk)]
     fn(chunks[0])  # warm
     from benchmarks.common import run_chunks
 
     total, dt, cpu_s = run_chunks(fn, chunks, threads, target_images, cpu)
-    return {"images": total, "seconds": dt, "images_per_s": total / dt,
-            "cpu_ms_per_image": 1000 * cpu_s / total if cpu_s is not None else None}
+    return {
+        "images": total,
+        "seconds": dt,
+        "images_per_s": total / dt,
+        "cpu_ms_per_image": 1000 * cpu_s / total if cpu_s is not None else None,
+    }

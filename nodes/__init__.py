@@ -23,5 +23,21 @@ from .tokenize import FetchTokenize, TokDoc
 from .vision import FetchVision, MMDoc, VisionConfig
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
 
-__all__ = ["Batch", "DatasetPlan", "FetchTokenize", "FetchVision", "LaneWorkSource", "MMDoc", "MMPack", "POLICIES", "Pack",
-           "SkipCounter", "TokDoc", "VisionConfig", "WeightSchedule", "WindowShuffle", "WorkItem", "WorkPlan"]
+__all__ = [
+    "POLICIES",
+    "Batch",
+    "DatasetPlan",
+    "FetchTokenize",
+    "FetchVision",
+    "LaneWorkSource",
+    "MMDoc",
+    "MMPack",
+    "Pack",
+    "SkipCounter",
+    "TokDoc",
+    "VisionConfig",
+    "WeightSchedule",
+    "WindowShuffle",
+    "WorkItem",
+    "WorkPlan",
+]

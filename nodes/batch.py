@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from torchdata.nodes import BaseNode
@@ -46,7 +47,7 @@ class Batch(Accumulator):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.batch_size, self.drop_last = batch_size, drop_last
-        self._rows: List[Any] = []
+        self._rows: list[Any] = []
 
     def _repr_args(self):
         yield f"batch_size={self.batch_size}"

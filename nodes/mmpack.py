@@ -33,14 +33,15 @@ Concatenating micro-batches along axis 0 (lane order) keeps every field consiste
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from torchdata.nodes import BaseNode
 
 from zephon.engine import Accumulator
 
-__all__ = ["MMPack", "IGNORE_INDEX"]
+__all__ = ["IGNORE_INDEX", "MMPack"]
 
 IGNORE_INDEX = -100
 
@@ -65,9 +66,20 @@ class MMPack(Accumulator):
 
     node_type = "mm_pack"
 
-    def __init__(self, source: BaseNode, *, seq_len: int, rows: int, patch_dim: int, max_images_per_batch: int,
-                 max_images_per_row: int = 0, flush_every: int = 512, pad_id: int = 0,
-                 ignore_ids: Sequence[int] = (), mrope: bool = True) -> None:
+    def __init__(
+        self,
+        source: BaseNode,
+        *,
+        seq_len: int,
+        rows: int,
+        patch_dim: int,
+        max_images_per_batch: int,
+        max_images_per_row: int = 0,
+        flush_every: int = 512,
+        pad_id: int = 0,
+        ignore_ids: Sequence[int] = (),
+        mrope: bool = True,
+    ) -> None:
         super().__init__(source, flush_every=flush_every)
         if not isinstance(seq_len, int) or seq_len < 2:
             raise ValueError(f"seq_len must be an integer >= 2, got {seq_len!r}")
@@ -79,7 +91,7 @@ class MMPack(Accumulator):
         self.row_len = seq_len + 1
         self.max_images_per_batch, self.max_images_per_row = max_images_per_batch, max_images_per_row
         self.pad_id, self.mrope = pad_id, mrope
-        self.ignore_ids = np.asarray(sorted(set(int(i) for i in ignore_ids)), dtype=np.int64)
+        self.ignore_ids = np.asarray(sorted({int(i) for i in ignore_ids}), dtype=np.int64)
         self.clear()
         # observability (not part of the data)
         self.batches_out = 0
@@ -100,7 +112,7 @@ class MMPack(Accumulator):
 
     # -- accumulator hooks ------------------------------------------------------------------
     def clear(self) -> None:
-        self._segs: List[List[Any]] = [[] for _ in range(self.rows)]
+        self._segs: list[list[Any]] = [[] for _ in range(self.rows)]
         self._used = [0] * self.rows
         self._row_images = [0] * self.rows
         self._images = 0
@@ -121,8 +133,10 @@ class MMPack(Accumulator):
                 self._place(doc, start, min(n, start + self.row_len), 0)
         else:
             if n > self.row_len or k > self.max_images_per_batch:
-                raise ValueError(f"MMPack: a sample with images must fit a row and the image budget "
-                                 f"({n} tokens, {k} images; {doc.provenance}); the mapper should have cut or skipped it")
+                raise ValueError(
+                    f"MMPack: a sample with images must fit a row and the image budget "
+                    f"({n} tokens, {k} images; {doc.provenance}); the mapper should have cut or skipped it"
+                )
             self._place(doc, 0, n, k)
 
     def flush(self) -> None:
@@ -136,9 +150,7 @@ class MMPack(Accumulator):
             return False
         if k and self._images + k > self.max_images_per_batch:
             return False
-        if k and self.max_images_per_row and self._row_images[r] + k > self.max_images_per_row:
-            return False
-        return True
+        return not (k and self.max_images_per_row and self._row_images[r] + k > self.max_images_per_row)
 
     def _place(self, doc: Any, lo: int, hi: int, k: int) -> None:
         n = hi - lo
@@ -163,23 +175,23 @@ class MMPack(Accumulator):
         doc_ids = np.full((B, L), -1, dtype=np.int32)
         dataset = np.full((B, L), -1, dtype=np.int16)
         mrope = np.zeros((B, L, 3), dtype=np.int64) if self.mrope else None
-        pixels: List[np.ndarray] = []
-        grids: List[np.ndarray] = []
+        pixels: list[np.ndarray] = []
+        grids: list[np.ndarray] = []
         per_row = np.zeros(B, dtype=np.int64)
         labels = np.full((B, L - 1), IGNORE_INDEX, dtype=np.int64)
-        prov: List[Tuple[Tuple[int, ...], ...]] = []
+        prov: list[tuple[tuple[int, ...], ...]] = []
         for r in range(B):
             pos = 0
             prov.append(tuple(_provenance(doc, lo, hi) for doc, lo, hi in self._segs[r]))
             for j, (doc, lo, hi) in enumerate(self._segs[r]):
                 k = hi - lo
-                tokens[r, pos:pos + k] = doc.tokens[lo:hi]
-                positions[r, pos:pos + k] = np.arange(k)
-                doc_ids[r, pos:pos + k] = j
-                dataset[r, pos:pos + k] = doc.dataset
+                tokens[r, pos : pos + k] = doc.tokens[lo:hi]
+                positions[r, pos : pos + k] = np.arange(k)
+                doc_ids[r, pos : pos + k] = j
+                dataset[r, pos : pos + k] = doc.dataset
                 if mrope is not None:
                     m = getattr(doc, "mrope", None)
-                    mrope[r, pos:pos + k] = m[lo:hi] if m is not None else np.arange(k)[:, None]
+                    mrope[r, pos : pos + k] = m[lo:hi] if m is not None else np.arange(k)[:, None]
                 g = getattr(doc, "grid_thw", None)
                 if g is not None and len(g):
                     pixels.append(doc.pixel_values)
@@ -187,7 +199,9 @@ class MMPack(Accumulator):
                     per_row[r] += len(g)
                 pos += k
             used = self._used[r]
-            if mrope is not None and used < L:  # padding counts up like one more document (as TorchTitan's builder does)
+            if (
+                mrope is not None and used < L
+            ):  # padding counts up like one more document (as TorchTitan's builder does)
                 mrope[r, used:] = np.arange(L - used)[:, None]
             if used > 1:
                 lab = tokens[r, 1:used].copy()
@@ -213,7 +227,7 @@ class MMPack(Accumulator):
         self.emit(out)
 
 
-def _provenance(doc: Any, lo: int, hi: int) -> Tuple[int, ...]:
+def _provenance(doc: Any, lo: int, hi: int) -> tuple[int, ...]:
     """(dataset, shard, record, epoch, tok_start, tok_end) of tokens ``lo:hi`` of ``doc``."""
     item = getattr(doc, "item", None)
     off = int(getattr(doc, "offset", 0) or 0)

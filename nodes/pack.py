@@ -15,19 +15,19 @@ which bounds replay on restore.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 from torchdata.nodes import BaseNode
 
 from zephon.engine import Accumulator
 
-__all__ = ["Pack", "ALGORITHMS", "IGNORE_INDEX"]
+__all__ = ["ALGORITHMS", "IGNORE_INDEX", "Pack"]
 
 ALGORITHMS = ("greedy", "first_fit", "best_fit")
 IGNORE_INDEX = -100
 
-Segment = Tuple[np.ndarray, int, tuple]  # tokens, dataset, provenance
+Segment = tuple[np.ndarray, int, tuple]  # tokens, dataset, provenance
 
 
 class Pack(Accumulator):
@@ -35,8 +35,16 @@ class Pack(Accumulator):
 
     node_type = "pack"
 
-    def __init__(self, source: BaseNode, *, seq_len: int, algorithm: str = "greedy", flush_every: int = 512,
-                 pad_id: int = 0, max_open: int = 8) -> None:
+    def __init__(
+        self,
+        source: BaseNode,
+        *,
+        seq_len: int,
+        algorithm: str = "greedy",
+        flush_every: int = 512,
+        pad_id: int = 0,
+        max_open: int = 8,
+    ) -> None:
         super().__init__(source, flush_every=flush_every)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"pack.algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
@@ -47,8 +55,8 @@ class Pack(Accumulator):
         self.seq_len, self.algorithm, self.pad_id, self.max_open = seq_len, algorithm, pad_id, max_open
         self.row_len = seq_len + 1
         self._arange = np.arange(self.row_len, dtype=np.int64)
-        self._bins: List[List[Segment]] = []
-        self._used: List[int] = []
+        self._bins: list[list[Segment]] = []
+        self._used: list[int] = []
         # observability (not part of the data): counters since construction
         self.tokens_in = 0
         self.rows_out = 0
@@ -66,10 +74,14 @@ class Pack(Accumulator):
         total = self.rows_out * self.row_len
         return 1.0 - self.pad_tokens / total if total else 1.0
 
-    def extra_metrics(self) -> Dict[str, Any]:
+    def extra_metrics(self) -> dict[str, Any]:
         """Rows emitted, padding share and documents packed, for the pipeline metrics."""
-        return {"rows": self.rows_out, "efficiency": round(self.efficiency, 6), "pad_tokens": self.pad_tokens,
-                "row_tokens": self.rows_out * self.row_len}
+        return {
+            "rows": self.rows_out,
+            "efficiency": round(self.efficiency, 6),
+            "pad_tokens": self.pad_tokens,
+            "row_tokens": self.rows_out * self.row_len,
+        }
 
     # -- accumulator hooks ------------------------------------------------------------------
     def clear(self) -> None:
@@ -147,7 +159,7 @@ class Pack(Accumulator):
             self._emit_row(self._bins.pop(target), self._used.pop(target))
 
     # -- rows -------------------------------------------------------------------------------
-    def _emit_row(self, segments: List[Segment], used: int) -> None:
+    def _emit_row(self, segments: list[Segment], used: int) -> None:
         L = self.row_len
         tokens = np.empty(L, dtype=np.int64)
         positions = np.empty(L, dtype=np.int64)
@@ -171,11 +183,13 @@ class Pack(Accumulator):
         labels[used - 1 :] = IGNORE_INDEX  # targets that are padding
         self.rows_out += 1
         self.pad_tokens += L - used
-        self.emit({
-            "input": tokens[:-1],
-            "labels": labels,
-            "positions": positions[:-1],
-            "document_ids": doc_ids[:-1],
-            "dataset": dataset[:-1],
-            "provenance": tuple(prov for _, _, prov in segments),
-        })
+        self.emit(
+            {
+                "input": tokens[:-1],
+                "labels": labels,
+                "positions": positions[:-1],
+                "document_ids": doc_ids[:-1],
+                "dataset": dataset[:-1],
+                "provenance": tuple(prov for _, _, prov in segments),
+            }
+        )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
@@ -30,8 +30,9 @@ class WindowShuffle(Accumulator):
 
     node_type = "shuffle"
 
-    def __init__(self, source: BaseNode, *, buffer: int, seed: int, lane: int, name: str = "shuffle",
-                 phase: int = 0) -> None:
+    def __init__(
+        self, source: BaseNode, *, buffer: int, seed: int, lane: int, name: str = "shuffle", phase: int = 0
+    ) -> None:
         super().__init__(source)
         if not isinstance(buffer, int) or buffer < 1:
             raise ValueError(f"shuffle.buffer must be a positive integer (1 = no shuffle), got {buffer!r}")
@@ -41,7 +42,7 @@ class WindowShuffle(Accumulator):
         # the first window is `phase` items shorter: lanes given different phases refill their
         # windows at different steps, so a rank's work per step stays even instead of bursting
         self.phase = phase
-        self._items: List[Any] = []
+        self._items: list[Any] = []
         self._window = 0
 
     def _repr_args(self):
@@ -55,10 +56,10 @@ class WindowShuffle(Accumulator):
     def buffer_empty(self) -> bool:
         return not self._items
 
-    def extra_state(self) -> Dict[str, Any]:
+    def extra_state(self) -> dict[str, Any]:
         return {"window": self._window}
 
-    def load_extra_state(self, extra: Dict[str, Any]) -> None:
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
         self._window = int(extra["window"])
 
     def accept(self, item: Any) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon.engine import StateError, ZNode
 from zephon.data.datasets import DataError
+from zephon.engine import StateError, ZNode
 
 __all__ = ["SkipCounter"]
 
@@ -46,10 +47,17 @@ class SkipCounter(ZNode[Any]):
 
     node_type = "skip_counter"
 
-    def __init__(self, source: BaseNode, *, dataset_names: Sequence[str], lanes: int = 1,
-                 max_skipped: Optional[Sequence[Optional[int]]] = None,
-                 max_fraction: Optional[Sequence[Optional[float]]] = None, min_seen: int = 100,
-                 shard_names: Optional[Sequence[Sequence[str]]] = None) -> None:
+    def __init__(
+        self,
+        source: BaseNode,
+        *,
+        dataset_names: Sequence[str],
+        lanes: int = 1,
+        max_skipped: Sequence[int | None] | None = None,
+        max_fraction: Sequence[float | None] | None = None,
+        min_seen: int = 100,
+        shard_names: Sequence[Sequence[str]] | None = None,
+    ) -> None:
         super().__init__()
         self.source = source
         self.names = list(dataset_names)
@@ -64,16 +72,16 @@ class SkipCounter(ZNode[Any]):
         n = len(self.names)
         self.seen = [0] * n
         self.skipped = [0] * n
-        self.detail: Dict[tuple, int] = {}
+        self.detail: dict[tuple, int] = {}
 
-    def upstreams(self) -> List[BaseNode]:
+    def upstreams(self) -> list[BaseNode]:
         return [self.source]
 
     def _repr_args(self):
         yield f"datasets={self.names}"
         yield f"skipped={sum(self.skipped)}"
 
-    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self._clear()
         if initial_state is None:
@@ -92,10 +100,16 @@ class SkipCounter(ZNode[Any]):
         self.seen, self.skipped = list(seen), list(skipped)
         self.detail = {(int(d), int(s), str(r)): int(c) for d, s, r, c in detail}
 
-    def get_state(self) -> Dict[str, Any]:
+    def get_state(self) -> dict[str, Any]:
         detail = [[d, s, r, c] for (d, s, r), c in sorted(self.detail.items())]
-        return self._tagged({"upstream": self.source.state_dict(), "seen": list(self.seen),
-                             "skipped": list(self.skipped), "detail": detail})
+        return self._tagged(
+            {
+                "upstream": self.source.state_dict(),
+                "seen": list(self.seen),
+                "skipped": list(self.skipped),
+                "detail": detail,
+            }
+        )
 
     def next(self) -> Any:
         while True:
@@ -123,7 +137,7 @@ class SkipCounter(ZNode[Any]):
                 fix="Fix the data, or raise max_skipped / max_skipped_fraction for this dataset in the recipe.",
             )
 
-    def counts(self) -> Dict[str, Any]:
+    def counts(self) -> dict[str, Any]:
         """Skipped records by dataset, and by (dataset, shard, reason)."""
         by = []
         for (d, s, r), c in sorted(self.detail.items()):
@@ -131,6 +145,6 @@ class SkipCounter(ZNode[Any]):
             by.append({"dataset": self.names[d], "file": shard, "reason": r, "count": c})
         return {"seen": dict(zip(self.names, self.seen)), "skipped": dict(zip(self.names, self.skipped)), "by_file": by}
 
-    def extra_metrics(self) -> Dict[str, Any]:
+    def extra_metrics(self) -> dict[str, Any]:
         """:meth:`counts`, reported with the node's metrics."""
         return self.counts()

@@ -10,16 +10,18 @@ process workers load the tokenizer once.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from zephon.engine import ProcessLocal
 from zephon.data.datasets import BadRecord, DatasetIndex
 from zephon.data.tokenizer import TextTokenizer
+from zephon.engine import ProcessLocal
+
 from .worksource import WorkItem
 
-__all__ = ["TokDoc", "FetchTokenize", "ON_ERROR"]
+__all__ = ["ON_ERROR", "FetchTokenize", "TokDoc"]
 
 ON_ERROR = ("raise", "skip")
 
@@ -30,7 +32,7 @@ class TokDoc(NamedTuple):
     tokens: np.ndarray
     dataset: int
     item: WorkItem
-    skipped: Optional[str] = None  # reason, when the record was bad and the policy is "skip"
+    skipped: str | None = None  # reason, when the record was bad and the policy is "skip"
     offset: int = 0  # index of tokens[0] in the whole document's tokens (parts of long documents)
 
     @property
@@ -54,7 +56,7 @@ class _DocCache:
         import threading
 
         self.size, self._d, self._lock = size, collections.OrderedDict(), threading.Lock()
-        self._pending: Dict[Any, Any] = {}  # key -> threading.Event while a caller tokenizes it
+        self._pending: dict[Any, Any] = {}  # key -> threading.Event while a caller tokenizes it
 
     def claim(self, key: Any) -> Any:
         """The cached tokens (an array), an Event to wait on (another caller is tokenizing the
@@ -72,7 +74,7 @@ class _DocCache:
             self._pending[key] = threading.Event()
             return None
 
-    def get(self, key: Any) -> Optional[np.ndarray]:
+    def get(self, key: Any) -> np.ndarray | None:
         with self._lock:
             return self._d.get(key)
 
@@ -101,8 +103,13 @@ class FetchTokenize(ProcessLocal):
     and record) or "skip" (the record becomes a counted, deterministic skip).
     """
 
-    def __init__(self, datasets: Sequence[DatasetIndex], tokenizer: TextTokenizer,
-                 on_error: Optional[Sequence[str]] = None, align: int = 1) -> None:
+    def __init__(
+        self,
+        datasets: Sequence[DatasetIndex],
+        tokenizer: TextTokenizer,
+        on_error: Sequence[str] | None = None,
+        align: int = 1,
+    ) -> None:
         self.datasets = list(datasets)
         self.align = int(align)
         self.tokenizer = tokenizer
@@ -114,9 +121,9 @@ class FetchTokenize(ProcessLocal):
 
     _transient = ("_parts_cache",)
 
-    def fetch(self, items: Sequence[WorkItem]) -> List[Any]:
+    def fetch(self, items: Sequence[WorkItem]) -> list[Any]:
         """Texts (or BadRecord) of ``items``, in order; one read per (dataset, shard) group."""
-        out: List[Any] = [None] * len(items)
+        out: list[Any] = [None] * len(items)
         order = sorted(range(len(items)), key=lambda i: (items[i].dataset, items[i].shard))
         for (d, s), group in itertools.groupby(order, key=lambda i: (items[i].dataset, items[i].shard)):
             idx = list(group)
@@ -125,10 +132,10 @@ class FetchTokenize(ProcessLocal):
                 out[i] = t
         return out
 
-    def __call__(self, items: List[WorkItem]) -> List[TokDoc]:
+    def __call__(self, items: list[WorkItem]) -> list[TokDoc]:
         texts = self.fetch(items)  # (a part's whole text is read; tokens are sliced below)
         good = [i for i, t in enumerate(texts) if not isinstance(t, BadRecord)]
-        out: List[Optional[TokDoc]] = [None] * len(items)
+        out: list[TokDoc | None] = [None] * len(items)
         empty = np.zeros(0, dtype=np.int32)
         for i, t in enumerate(texts):
             if isinstance(t, BadRecord):
@@ -153,17 +160,17 @@ class FetchTokenize(ProcessLocal):
         a = self.align
         return min(n, -(-(i * n // k) // a) * a) if a > 1 else i * n // k
 
-    def _encode(self, items: Sequence[WorkItem], texts: List[str]) -> List[np.ndarray]:
+    def _encode(self, items: Sequence[WorkItem], texts: list[str]) -> list[np.ndarray]:
         """Encode in one batch; each multi-part document is tokenized once per process while its
         parts are near (within a chunk, across concurrent chunks, and from the cache)."""
         cache = self.__dict__.get("_parts_cache")
         if cache is None:
             cache = self.__dict__.setdefault("_parts_cache", _DocCache(64))
-        out: List[Optional[np.ndarray]] = [None] * len(items)
-        todo: List[int] = []  # indices to tokenize here
-        owned: Dict[Any, int] = {}  # key -> index in todo's first occurrence (claimed by us)
-        same: List[Tuple[int, Any]] = []  # (index, key) filled from a document tokenized in this call
-        waits: List[Tuple[int, Any, Any]] = []  # (index, key, event) tokenized by another caller
+        out: list[np.ndarray | None] = [None] * len(items)
+        todo: list[int] = []  # indices to tokenize here
+        owned: dict[Any, int] = {}  # key -> index in todo's first occurrence (claimed by us)
+        same: list[tuple[int, Any]] = []  # (index, key) filled from a document tokenized in this call
+        waits: list[tuple[int, Any, Any]] = []  # (index, key, event) tokenized by another caller
         for j, it in enumerate(items):
             if it.parts <= 1:
                 todo.append(j)

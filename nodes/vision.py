@@ -27,25 +27,36 @@ checked from the header *before* decoding) follow the dataset's ``on_error``.
 from __future__ import annotations
 
 import functools
-
 import io
 import itertools
 import math
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from zephon.engine import ProcessLocal
 from zephon.data.datasets import BadRecord, DataError
 from zephon.data.datasets.errors import SKIP_HINT
+from zephon.engine import ProcessLocal
+
+from .tokenize import FetchTokenize
 from .worksource import WorkItem
 
-from .tokenize import FetchTokenize, TokDoc
-
-__all__ = ["VisionConfig", "ImageError", "MMDoc", "FetchVision", "decode_image", "smart_resize",
-           "preprocess_image", "preprocess_patches", "patchify", "mrope_positions", "SPECIAL_NAMES"]
+__all__ = [
+    "SPECIAL_NAMES",
+    "FetchVision",
+    "ImageError",
+    "MMDoc",
+    "VisionConfig",
+    "decode_image",
+    "mrope_positions",
+    "patchify",
+    "preprocess_image",
+    "preprocess_patches",
+    "smart_resize",
+]
 
 SPECIAL_NAMES = ("image", "video", "vision_start", "vision_end")
 
@@ -70,8 +81,8 @@ class VisionConfig:
     merge_size: int = 2
     min_pixels: int = 65536
     max_pixels: int = 16777216
-    mean: Tuple[float, float, float] = (0.5, 0.5, 0.5)
-    std: Tuple[float, float, float] = (0.5, 0.5, 0.5)
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     max_image_pixels: int = 64_000_000  # source images above this are refused before decoding
     max_images_per_batch: int = 128  # per lane micro-batch
     max_images_per_row: int = 0  # 0 = no per-row limit
@@ -87,7 +98,7 @@ class VisionConfig:
         """Length of one patch vector in ``pixel_values``: ``3 * temporal_patch_size * patch_size**2``."""
         return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
 
-    def target_size(self, width: int, height: int) -> Tuple[int, int]:
+    def target_size(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) an image is resized to."""
         h, w = smart_resize(height, width, self.patch_size, self.merge_size, self.min_pixels, self.max_pixels)
         return w, h
@@ -103,8 +114,9 @@ class VisionConfig:
         return (h // self.factor) * (w // self.factor)
 
 
-def smart_resize(height: int, width: int, patch_size: int, merge_size: int, min_pixels: int,
-                 max_pixels: int) -> Tuple[int, int]:
+def smart_resize(
+    height: int, width: int, patch_size: int, merge_size: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
     """Qwen-VL pixel budget: (h, w) multiples of ``patch_size * merge_size`` with
     ``min_pixels <= h * w <= max_pixels``, aspect kept; the same arithmetic as TorchTitan's
     ``resize_to_pixel_budget``.
@@ -167,8 +179,10 @@ def decode_image(data: bytes, max_image_pixels: int = 64_000_000):
     if w <= 0 or h <= 0:
         raise ImageError(f"the image has zero pixels ({w}x{h})")
     if w * h > max_image_pixels:
-        raise ImageError(f"the image is above max_image_pixels ({w}x{h} = {w * h} pixels > {max_image_pixels}; "
-                         "a decompression bomb or an absurd size)")
+        raise ImageError(
+            f"the image is above max_image_pixels ({w}x{h} = {w * h} pixels > {max_image_pixels}; "
+            "a decompression bomb or an absurd size)"
+        )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -209,7 +223,9 @@ def preprocess_image(data: bytes, cfg: VisionConfig) -> np.ndarray:
     return x
 
 
-def patchify(img: np.ndarray, patch_size: int, temporal_patch_size: int, merge_size: int) -> Tuple[np.ndarray, np.ndarray]:
+def patchify(
+    img: np.ndarray, patch_size: int, temporal_patch_size: int, merge_size: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``(H, W, C)`` -> (patches ``(N, C * pt * ps * ps)`` float32 in block order, grid_thw ``[1, H/ps, W/ps]``).
 
     The same layout as TorchTitan's ``vision_to_patches(img[None], ..., patch_order="block")``
@@ -232,7 +248,7 @@ def patchify(img: np.ndarray, patch_size: int, temporal_patch_size: int, merge_s
 
 
 @functools.lru_cache(maxsize=16)
-def _normalise_lut(mean: Tuple[float, ...], std: Tuple[float, ...]) -> np.ndarray:
+def _normalise_lut(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
     """``(3 * 256,)`` float32: channel ``c``, byte ``v`` -> ``(v / 255 - mean[c]) / std[c]``, computed
     with the same float32 operations, in the same order, as :func:`preprocess_image`."""
     v = np.arange(256, dtype=np.float32) * np.float32(1.0 / 255.0)
@@ -246,7 +262,7 @@ def _normalise_lut(mean: Tuple[float, ...], std: Tuple[float, ...]) -> np.ndarra
     return out.reshape(-1)
 
 
-def preprocess_patches(data: bytes, cfg: VisionConfig) -> Tuple[np.ndarray, np.ndarray]:
+def preprocess_patches(data: bytes, cfg: VisionConfig) -> tuple[np.ndarray, np.ndarray]:
     """``patchify(preprocess_image(data, cfg), ...)`` bit for bit, about twice as fast after decoding.
 
     Why: normalising a float32 ``(H, W, 3)`` image costs three broadcast passes and patchify a
@@ -301,7 +317,7 @@ def mrope_positions(tokens: np.ndarray, image_id: int, grids: np.ndarray, merge_
             cnt = min(t * lh * lw, n - i)
             tt, hh, ww = np.meshgrid(np.arange(t), np.arange(lh), np.arange(lw), indexing="ij")
             grid = np.stack([tt.ravel(), hh.ravel(), ww.ravel()], axis=1)[:cnt] + cur
-            out[i:i + cnt] = grid
+            out[i : i + cnt] = grid
             cur = int(grid.max()) + 1
             i += cnt
             k += 1
@@ -333,10 +349,10 @@ class MMDoc(NamedTuple):
     tokens: np.ndarray  # int32 (n,)
     dataset: int
     item: WorkItem
-    pixel_values: Optional[np.ndarray] = None  # float32 (patches, patch_dim), images in order
-    grid_thw: Optional[np.ndarray] = None  # int64 (images, 3)
-    mrope: Optional[np.ndarray] = None  # int64 (n, 3)
-    skipped: Optional[str] = None
+    pixel_values: np.ndarray | None = None  # float32 (patches, patch_dim), images in order
+    grid_thw: np.ndarray | None = None  # int64 (images, 3)
+    mrope: np.ndarray | None = None  # int64 (n, 3)
+    skipped: str | None = None
     offset: int = 0  # index of tokens[0] in the whole document's tokens (parts of long text documents)
 
     @property
@@ -359,8 +375,17 @@ class FetchVision(ProcessLocal):
     skipped (counted, the same on every world size). Picklable; cached per process.
     """
 
-    def __init__(self, datasets: Sequence[Any], kinds: Sequence[str], tokenizer: Any, vision: VisionConfig,
-                 special: Dict[str, int], *, on_error: Optional[Sequence[str]] = None, row_len: int) -> None:
+    def __init__(
+        self,
+        datasets: Sequence[Any],
+        kinds: Sequence[str],
+        tokenizer: Any,
+        vision: VisionConfig,
+        special: dict[str, int],
+        *,
+        on_error: Sequence[str] | None = None,
+        row_len: int,
+    ) -> None:
         self.datasets = list(datasets)
         self.kinds = list(kinds)
         self.tokenizer = tokenizer
@@ -371,7 +396,6 @@ class FetchVision(ProcessLocal):
         self.text = FetchTokenize(self.datasets, tokenizer, self.on_error, align=self.row_len)
         self._special_ids = np.array([self.special[k] for k in SPECIAL_NAMES], dtype=np.int64)
         ProcessLocal.__init__(self)
-
 
     # -- per record ---------------------------------------------------------------------------
     def _bad(self, it: WorkItem, rec: Any, reason: str) -> MMDoc:
@@ -386,8 +410,8 @@ class FetchVision(ProcessLocal):
     def _skip(self, it: WorkItem, reason: str) -> MMDoc:
         return MMDoc(np.zeros(0, np.int32), it.dataset, it, skipped=reason)
 
-    def __call__(self, items: List[WorkItem]) -> List[MMDoc]:
-        out: List[Optional[MMDoc]] = [None] * len(items)
+    def __call__(self, items: list[WorkItem]) -> list[MMDoc]:
+        out: list[MMDoc | None] = [None] * len(items)
         text_idx = [i for i, it in enumerate(items) if self.kinds[it.dataset] == "text"]
         if text_idx:
             for i, doc in zip(text_idx, self.text([items[i] for i in text_idx])):
@@ -395,21 +419,21 @@ class FetchVision(ProcessLocal):
         mm_idx = [i for i, it in enumerate(items) if self.kinds[it.dataset] != "text"]
         if not mm_idx:
             return out  # type: ignore[return-value]
-        records: Dict[int, Any] = {}
+        records: dict[int, Any] = {}
         order = sorted(mm_idx, key=lambda i: (items[i].dataset, items[i].shard))
         for (d, s), group in itertools.groupby(order, key=lambda i: (items[i].dataset, items[i].shard)):
             idx = list(group)
             for i, rec in zip(idx, self.datasets[d].read(s, [items[i].record for i in idx])):
                 records[i] = rec
         # decode images, collect text segments (one tokenizer call for the chunk)
-        texts: List[str] = []
-        prepared: Dict[int, List[Any]] = {}
+        texts: list[str] = []
+        prepared: dict[int, list[Any]] = {}
         for i in mm_idx:
             it, rec = items[i], records[i]
             if isinstance(rec, BadRecord):
                 out[i] = self._bad(it, rec, rec.reason)
                 continue
-            segs: List[Any] = []
+            segs: list[Any] = []
             try:
                 for j, seg in enumerate(rec.segments):
                     if isinstance(seg, str):
@@ -430,9 +454,9 @@ class FetchVision(ProcessLocal):
             out[i] = self._assemble(items[i], records[i], segs, encoded)
         return out  # type: ignore[return-value]
 
-    def _assemble(self, it: WorkItem, rec: Any, segs: List[Any], encoded: List[np.ndarray]) -> MMDoc:
+    def _assemble(self, it: WorkItem, rec: Any, segs: list[Any], encoded: list[np.ndarray]) -> MMDoc:
         v, sp, tok = self.vision, self.special, self.tokenizer
-        parts: List[np.ndarray] = []
+        parts: list[np.ndarray] = []
         if tok.add_bos:
             parts.append(np.array([tok.bos_id], np.int32))
         patches, grids = [], []
@@ -443,8 +467,12 @@ class FetchVision(ProcessLocal):
             if kind == "t":
                 ids = encoded[val]
                 if ids.size and np.isin(ids, self._special_ids).any():
-                    return self._bad(it, rec, "the text contains an image/vision placeholder token; it would "
-                                     "misalign images and placeholders")
+                    return self._bad(
+                        it,
+                        rec,
+                        "the text contains an image/vision placeholder token; it would "
+                        "misalign images and placeholders",
+                    )
                 parts.append(ids)
                 n += len(ids)
             else:
@@ -466,8 +494,11 @@ class FetchVision(ProcessLocal):
         tokens = np.concatenate(parts) if parts else np.zeros(0, np.int32)
         if n > self.row_len:
             if last_image_end > self.row_len:
-                return self._skip(it, f"sample too long: {n} tokens with images ending at token {last_image_end}, "
-                                  f"more than seq_len + 1 = {self.row_len}; raise seq_len or lower [vision].max_pixels")
+                return self._skip(
+                    it,
+                    f"sample too long: {n} tokens with images ending at token {last_image_end}, "
+                    f"more than seq_len + 1 = {self.row_len}; raise seq_len or lower [vision].max_pixels",
+                )
             tokens = tokens[: self.row_len]  # cut the text after the last image
         if len(patches) == 1:
             pix = patches[0]  # no copy for the common one-image sample

@@ -21,14 +21,15 @@ lane's state is a few integers per dataset.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from zephon.engine import IndexPermutation, StateError, ZNode, stable_u64
 
-__all__ = ["DatasetPlan", "WorkItem", "WorkPlan", "LaneWorkSource", "WeightSchedule"]
+__all__ = ["DatasetPlan", "LaneWorkSource", "WeightSchedule", "WorkItem", "WorkPlan"]
 
 POLICIES = ("repeat", "stop")
 
@@ -61,8 +62,8 @@ class DatasetPlan:
     tokens_per_byte: float = 1.0
     tokens_per_record: float = 0.0  # fixed per-record extra (BOS/EOS)
     policy: str = "repeat"
-    epochs: Optional[int] = None  # with policy "stop": how many epochs (default 1)
-    split_tokens: Optional[float] = None  # plan records estimated longer than this as several parts
+    epochs: int | None = None  # with policy "stop": how many epochs (default 1)
+    split_tokens: float | None = None  # plan records estimated longer than this as several parts
     num_records: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -80,7 +81,7 @@ class DatasetPlan:
         return max(1, math.ceil((nbytes * self.tokens_per_byte + self.tokens_per_record) / self.split_tokens))
 
     @property
-    def stream_length(self) -> Optional[int]:
+    def stream_length(self) -> int | None:
         """Positions available to all lanes together (None = unbounded)."""
         if self.policy == "repeat":
             return None
@@ -95,7 +96,7 @@ class WeightSchedule:
     >>> s.weights(s.phase_at(10)), s.weights(s.phase_at(1500))
     ([0.75, 0.25], [0.5, 0.5])"""
 
-    phases: List[Tuple[int, List[float]]]
+    phases: list[tuple[int, list[float]]]
 
     def __post_init__(self) -> None:
         if not self.phases or self.phases[0][0] != 0:
@@ -118,7 +119,7 @@ class WeightSchedule:
                 i = j
         return i
 
-    def weights(self, phase: int) -> List[float]:
+    def weights(self, phase: int) -> list[float]:
         """Normalised dataset weights of ``phase``."""
         w = self.phases[phase][1]
         total = float(sum(w))
@@ -135,7 +136,7 @@ class _EpochOrder:
         self.order = shard_perm.take(np.arange(n_shards)) if n_shards else np.zeros(0, dtype=np.int64)
         ordered_sizes = np.asarray(sizes, dtype=np.int64)[self.order] if n_shards else np.zeros(0, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(ordered_sizes)])
-        self._perms: Dict[int, IndexPermutation] = {}
+        self._perms: dict[int, IndexPermutation] = {}
         self.sizes = sizes
 
     def _perm(self, shard: int) -> IndexPermutation:
@@ -148,12 +149,12 @@ class _EpochOrder:
             self._perms[shard] = perm
         return perm
 
-    def locate(self, p: int) -> Tuple[int, int]:
+    def locate(self, p: int) -> tuple[int, int]:
         j = int(np.searchsorted(self.starts, p, side="right")) - 1
         shard = int(self.order[j])
         return shard, self._perm(shard)[p - int(self.starts[j])]
 
-    def locate_many(self, p: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    def locate_many(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectorised :meth:`locate` for an array of positions of this epoch."""
         j = np.searchsorted(self.starts, p, side="right") - 1
         shards = self.order[j]
@@ -168,12 +169,21 @@ class _EpochOrder:
 class WorkPlan:
     """The curriculum of a run: datasets, seed, lanes, schedule. Pure description, no I/O."""
 
-    def __init__(self, datasets: Sequence[DatasetPlan], *, seed: int, lanes: int, schedule: WeightSchedule,
-                 tokens_per_step: float) -> None:
+    def __init__(
+        self,
+        datasets: Sequence[DatasetPlan],
+        *,
+        seed: int,
+        lanes: int,
+        schedule: WeightSchedule,
+        tokens_per_step: float,
+    ) -> None:
         if not datasets:
             raise ValueError("a WorkPlan needs at least one dataset")
         if len(schedule.phases[0][1]) != len(datasets):
-            raise ValueError(f"the weight schedule has {len(schedule.phases[0][1])} weights for {len(datasets)} datasets")
+            raise ValueError(
+                f"the weight schedule has {len(schedule.phases[0][1])} weights for {len(datasets)} datasets"
+            )
         for d in datasets:
             if d.num_records == 0:
                 raise ValueError(f"dataset {d.name!r} has no records; remove it from the recipe or fix its path")
@@ -181,11 +191,11 @@ class WorkPlan:
         self.seed, self.lanes, self.schedule = seed, lanes, schedule
         self.tokens_per_step = float(tokens_per_step)  # estimated tokens one lane consumes per step
 
-    def lane(self, lane: int) -> "LaneWorkSource":
+    def lane(self, lane: int) -> LaneWorkSource:
         """The work source node of ``lane`` (a fresh node at the start of the plan)."""
         return LaneWorkSource(self, lane)
 
-    def expected_shares(self, phase: int = 0) -> Dict[str, float]:
+    def expected_shares(self, phase: int = 0) -> dict[str, float]:
         """Token share per dataset name the mixing converges to in ``phase``."""
         return dict(zip((d.name for d in self.datasets), self.schedule.weights(phase)))
 
@@ -205,7 +215,7 @@ class LaneWorkSource(ZNode[WorkItem]):
             raise ValueError(f"lane must be in [0, {plan.lanes}), got {lane}")
         self.plan, self.lane = plan, lane
         n = len(plan.datasets)
-        self._orders: List[Optional[_EpochOrder]] = [None] * n
+        self._orders: list[_EpochOrder | None] = [None] * n
         self._clear()
 
     def _clear(self) -> None:
@@ -218,13 +228,13 @@ class LaneWorkSource(ZNode[WorkItem]):
         self.phase_count = [0] * n
         self.part = [0] * n  # next part of the record in progress per dataset (0 = none)
         # derived, not state: each dataset's next LOOKAHEAD record locations, computed at once
-        self._ahead: List[Optional[Tuple[int, np.ndarray, np.ndarray, np.ndarray]]] = [None] * n
+        self._ahead: list[tuple[int, np.ndarray, np.ndarray, np.ndarray] | None] = [None] * n
 
     def _repr_args(self):
         yield f"lane={self.lane}/{self.plan.lanes}"
         yield "datasets=" + ",".join(d.name for d in self.plan.datasets)
 
-    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self._clear()
         if initial_state is None:
@@ -235,21 +245,38 @@ class LaneWorkSource(ZNode[WorkItem]):
             phase, pbytes, pcount = initial_state["phase"], initial_state["phase_bytes"], initial_state["phase_count"]
             part = initial_state["part"]
         except KeyError as e:
-            raise StateError(f"{self!r}: work source state lacks {e}; it is truncated or from another version") from None
-        for name, v in (("count", count), ("bytes", nbytes), ("phase_bytes", pbytes), ("phase_count", pcount), ("part", part)):
+            raise StateError(
+                f"{self!r}: work source state lacks {e}; it is truncated or from another version"
+            ) from None
+        for name, v in (
+            ("count", count),
+            ("bytes", nbytes),
+            ("phase_bytes", pbytes),
+            ("phase_count", pcount),
+            ("part", part),
+        ):
             if not (isinstance(v, list) and len(v) == n and all(isinstance(x, int) and x >= 0 for x in v)):
-                raise StateError(f"{self!r}: state field {name!r} must list {n} non-negative integers (one per dataset), got {v!r}; the recipe's datasets changed")
+                raise StateError(
+                    f"{self!r}: state field {name!r} must list {n} non-negative integers (one per dataset), got {v!r}; the recipe's datasets changed"
+                )
         if not isinstance(draws, int) or not isinstance(phase, int) or not 0 <= phase < len(self.plan.schedule.phases):
             raise StateError(f"{self!r}: invalid draws/phase in state")
         self.draws, self.count, self.bytes = draws, list(count), list(nbytes)
         self.phase, self.phase_bytes, self.phase_count = phase, list(pbytes), list(pcount)
         self.part = list(part)
 
-    def get_state(self) -> Dict[str, Any]:
-        return self._tagged({
-            "draws": self.draws, "count": list(self.count), "bytes": list(self.bytes), "phase": self.phase,
-            "phase_bytes": list(self.phase_bytes), "phase_count": list(self.phase_count), "part": list(self.part),
-        })
+    def get_state(self) -> dict[str, Any]:
+        return self._tagged(
+            {
+                "draws": self.draws,
+                "count": list(self.count),
+                "bytes": list(self.bytes),
+                "phase": self.phase,
+                "phase_bytes": list(self.phase_bytes),
+                "phase_count": list(self.phase_count),
+                "part": list(self.part),
+            }
+        )
 
     # -- planning ---------------------------------------------------------------------------
     def _position(self, d: int, k: int) -> int:
@@ -279,7 +306,7 @@ class LaneWorkSource(ZNode[WorkItem]):
             self.phase_bytes = [0] * len(self.plan.datasets)
             self.phase_count = [0] * len(self.plan.datasets)
 
-    def _choose(self) -> Optional[int]:
+    def _choose(self) -> int | None:
         weights = self.plan.schedule.weights(self.phase)
         best, best_score = None, math.inf
         for d, w in enumerate(weights):
@@ -296,7 +323,7 @@ class LaneWorkSource(ZNode[WorkItem]):
 
     LOOKAHEAD = 64
 
-    def _locate_count(self, d: int, k: int) -> Tuple[int, int, int, int]:
+    def _locate_count(self, d: int, k: int) -> tuple[int, int, int, int]:
         """(position q, epoch, shard, record) of this lane's k-th record of dataset d."""
         ahead = self._ahead[d]
         if ahead is None or not ahead[0] <= k < ahead[0] + len(ahead[1]):
@@ -320,7 +347,7 @@ class LaneWorkSource(ZNode[WorkItem]):
             order = self._orders[d] = _EpochOrder(self.plan.seed, d, self.plan.datasets[d].shard_sizes, epoch)
         return order
 
-    def _locate(self, d: int, q: int) -> Tuple[int, int, int]:
+    def _locate(self, d: int, q: int) -> tuple[int, int, int]:
         """Scalar reference for :meth:`_locate_count` (one position, no lookahead)."""
         epoch, p = divmod(q, self.plan.datasets[d].num_records)
         shard, record = self._order(d, epoch).locate(p)

@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>"]
 VOCAB_SIZE = 4096
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "zephon", "data", "assets", "tokenizer")
+DEFAULT_OUT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "zephon", "data", "assets", "tokenizer"
+)
 
 
 def _training_texts():
@@ -55,8 +56,12 @@ def train(out_dir: str = DEFAULT_OUT, vocab_size: int = VOCAB_SIZE) -> str:
     tok.save(os.path.join(out_dir, "tokenizer.json"), pretty=False)
     added = {
         str(tok.token_to_id(t)): {
-            "content": t, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": True,
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
         }
         for t in SPECIAL_TOKENS
     }

@@ -47,11 +47,13 @@ def write_small_recipe(root: str) -> str:
 
     os.makedirs(root, exist_ok=True)
     make_demo_corpus(root, seed=0, scale=0.1)
-    text = (DEMO_TOML.format(tokenizer=TOKENIZER_DIR.replace("\\", "/"))
-            .replace("lanes = 16", "lanes = 8")
-            .replace("seq_len = 256", "seq_len = 64")
-            .replace("global_batch_size = 32", "global_batch_size = 16")
-            .replace("count = 2", "count = 0"))
+    text = (
+        DEMO_TOML.format(tokenizer=TOKENIZER_DIR.replace("\\", "/"))
+        .replace("lanes = 16", "lanes = 8")
+        .replace("seq_len = 256", "seq_len = 64")
+        .replace("global_batch_size = 32", "global_batch_size = 16")
+        .replace("count = 2", "count = 0")
+    )
     path = os.path.join(root, "small.toml")
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
@@ -65,20 +67,37 @@ class Runner:
 
     def env(self, out: str) -> dict:
         env = dict(os.environ)
-        env.update(TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
-                   ZEPHON_CACHE_DIR=os.path.join(self.work, "zcache"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                   HF_DATASETS_CACHE=os.path.join(self.work, "hfcache"),
-                   PYTHONPATH=os.pathsep.join([TESTS, ROOT, env.get("PYTHONPATH", "")]),
-                   ZEPHON_TEST_RECIPE=self.recipe, ZEPHON_TEST_HF_DATA=self.hf_data, ZEPHON_TEST_OUT=out,
-                   ZEPHON_TEST_LBS=str(self.lbs))
+        env.update(
+            TOKENIZERS_PARALLELISM="false",
+            OMP_NUM_THREADS="1",
+            ZEPHON_CACHE_DIR=os.path.join(self.work, "zcache"),
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            HF_DATASETS_CACHE=os.path.join(self.work, "hfcache"),
+            PYTHONPATH=os.pathsep.join([TESTS, ROOT, env.get("PYTHONPATH", "")]),
+            ZEPHON_TEST_RECIPE=self.recipe,
+            ZEPHON_TEST_HF_DATA=self.hf_data,
+            ZEPHON_TEST_OUT=out,
+            ZEPHON_TEST_LBS=str(self.lbs),
+        )
         return env
 
     def torchrun(self, name: str, W: int, config: str, dump: str, until: int, extra=(), expect_fail=False):
         """One ``torchrun`` launch; returns its output. ``expect_fail``: must fail (TorchTitan's resume)."""
         out = os.path.join(self.work, "losses", name)
         shutil.rmtree(out, ignore_errors=True)
-        args = ["--module", "titan_launcher", "--config", config, "--dump_folder", dump,
-                "--training.steps", str(until), "--checkpoint.interval", str(self.steps)] + list(extra)
+        args = [
+            "--module",
+            "titan_launcher",
+            "--config",
+            config,
+            "--dump_folder",
+            dump,
+            "--training.steps",
+            str(until),
+            "--checkpoint.interval",
+            str(self.steps),
+        ] + list(extra)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={W}", LAUNCHER] + args
         shown = " ".join(["torchrun --standalone", f"--nproc_per_node={W}", "tests/titan_launcher.py"] + args)
         print(f"[{name}] {shown.replace(self.work + os.sep, '')}", flush=True)
@@ -92,10 +111,20 @@ class Runner:
         print(f"    -> rc {p.returncode} in {dt:.0f} s", flush=True)
         if failed != expect_fail:
             tail = p.stdout[-5000:]
-            raise SystemExit(f"[{name}] {'succeeded' if not failed else 'failed'} unexpectedly (rc {p.returncode}); "
-                             f"log: {self.work}/logs/{name}.log\n{tail}")
-        self.launches.append({"name": name, "world_size": W, "until_step": until, "rc": p.returncode,
-                              "seconds": round(dt, 1), "args": shown.replace(self.work + os.sep, "")})
+            raise SystemExit(
+                f"[{name}] {'succeeded' if not failed else 'failed'} unexpectedly (rc {p.returncode}); "
+                f"log: {self.work}/logs/{name}.log\n{tail}"
+            )
+        self.launches.append(
+            {
+                "name": name,
+                "world_size": W,
+                "until_step": until,
+                "rc": p.returncode,
+                "seconds": round(dt, 1),
+                "args": shown.replace(self.work + os.sep, ""),
+            }
+        )
         return p.stdout, out
 
 
@@ -161,8 +190,10 @@ def run_all(args) -> dict:
     W0, W1, W2 = args.world_sizes
     for W in (W0, W1, W2):
         if r.lanes % W or r.global_batch_size % (W * args.local_batch_size):
-            raise SystemExit(f"W={W} does not fit lanes={r.lanes}, global batch {r.global_batch_size}, "
-                             f"local batch {args.local_batch_size}")
+            raise SystemExit(
+                f"W={W} does not fit lanes={r.lanes}, global batch {r.global_batch_size}, "
+                f"local batch {args.local_batch_size}"
+            )
     run = Runner(work, recipe, hf_data, args.local_batch_size, N)
     d = lambda name: os.path.join(work, "runs", name)  # noqa: E731
 
@@ -211,15 +242,23 @@ def run_all(args) -> dict:
     ]
     return {
         "description": "Loss per step of TorchTitan's llama3 debug model on CPU (gloo): uninterrupted runs vs "
-                       "runs resumed from checkpoints on other numbers of data-parallel ranks, with zephon's loader "
-                       "and with TorchTitan's HuggingFaceTextDataLoader. Regenerate: python scripts/plot_titan_resume.py",
+        "runs resumed from checkpoints on other numbers of data-parallel ranks, with zephon's loader "
+        "and with TorchTitan's HuggingFaceTextDataLoader. Regenerate: python scripts/plot_titan_resume.py",
         "setup": {
             "model": "TorchTitan llama3 debugmodel (vocab 4096, SDPA attention on CPU), FSDP, AdamW lr 8e-4, "
-                     "2 warmup steps then constant",
+            "2 warmup steps then constant",
             "device": "CPU, gloo, torchrun (tests/titan_launcher.py)",
-            "recipe": args.recipe, "lanes": r.lanes, "seq_len": r.seq_len, "global_batch_size": r.global_batch_size,
-            "local_batch_size": args.local_batch_size, "steps": N, "resume_after": [R1, R2],
-            "world_sizes": [W0, W1, W2], "torch": torch.__version__, "torchtitan": version("torchtitan"), "python": platform.python_version(),
+            "recipe": args.recipe,
+            "lanes": r.lanes,
+            "seq_len": r.seq_len,
+            "global_batch_size": r.global_batch_size,
+            "local_batch_size": args.local_batch_size,
+            "steps": N,
+            "resume_after": [R1, R2],
+            "world_sizes": [W0, W1, W2],
+            "torch": torch.__version__,
+            "torchtitan": version("torchtitan"),
+            "python": platform.python_version(),
         },
         "runs": {
             "zephon_uninterrupted": series([(W0, zref)]),
@@ -249,7 +288,8 @@ def summarize(res: dict) -> dict:
             "max_abs_diff_segment_2": max(diff[s] for s in diff if R1 < s <= R2),
             "max_abs_diff_segment_3": max(diff[s] for s in diff if s > R2),
             "max_abs_grad_norm_diff_after_resume": max(abs(gel[s] - gref[s]) for s in gel if s > R1),
-            "final_loss_uninterrupted": ref[max(ref)], "final_loss_elastic": el[max(el)],
+            "final_loss_uninterrupted": ref[max(ref)],
+            "final_loss_elastic": el[max(el)],
         }
     return out
 
@@ -275,64 +315,116 @@ def plot(res: dict, png: str) -> None:
     for col, name in enumerate(("zephon", "titan")):
         ax, axd = axes[0, col], axes[1, col]
         ref, el = runs[f"{name}_uninterrupted"], runs[f"{name}_elastic"]
-        ax.plot(ref["step"], ref["loss"], color="0.55", lw=6, alpha=0.45, solid_capstyle="round",
-                label=f"uninterrupted, W={W0}", zorder=1)
+        ax.plot(
+            ref["step"],
+            ref["loss"],
+            color="0.55",
+            lw=6,
+            alpha=0.45,
+            solid_capstyle="round",
+            label=f"uninterrupted, W={W0}",
+            zorder=1,
+        )
         for W in (W0, W1, W2):
             idx = [i for i, w in enumerate(el["world_size"]) if w == W]
             if not idx:
                 continue
-            ax.plot([el["step"][i] for i in idx], [el["loss"][i] for i in idx], marker=marker[W], ms=5, lw=1.3,
-                    color=seg_color[W], label=f"resumed run, W={W}", zorder=3)
+            ax.plot(
+                [el["step"][i] for i in idx],
+                [el["loss"][i] for i in idx],
+                marker=marker[W],
+                ms=5,
+                lw=1.3,
+                color=seg_color[W],
+                label=f"resumed run, W={W}",
+                zorder=3,
+            )
         refd = dict(zip(ref["step"], ref["loss"]))
         diffs = [max(abs(l - refd[s]), floor) for s, l in zip(el["step"], el["loss"])]
         axd.semilogy(el["step"], diffs, color="k", lw=1, zorder=2)
         for W in (W0, W1, W2):
             idx = [i for i, w in enumerate(el["world_size"]) if w == W]
-            axd.scatter([el["step"][i] for i in idx], [diffs[i] for i in idx], marker=marker[W], s=22,
-                        color=seg_color[W], zorder=3)
+            axd.scatter(
+                [el["step"][i] for i in idx],
+                [diffs[i] for i in idx],
+                marker=marker[W],
+                s=22,
+                color=seg_color[W],
+                zorder=3,
+            )
         axd.axhline(1e-3, color="0.4", ls=":", lw=1)
         axd.text(1.0, 1e-3, " 1e-3", fontsize=8, color="0.3", va="center", transform=axd.get_yaxis_transform())
         axd.set_ylim(floor / 2, 3)
         for a in (ax, axd):
-            for s, W in ((R1, W1), (R2, W2)):
+            for s in (R1, R2):
                 a.axvline(s + 0.5, color="0.3", ls="--", lw=1, zorder=0)
             a.grid(alpha=0.25)
         for s, W in ((R1, W1), (R2, W2)):
-            ax.text(s + 0.5, 1.01, f"resume on W={W}", fontsize=9, ha="center", va="bottom", color="0.2",
-                    transform=ax.get_xaxis_transform())
+            ax.text(
+                s + 0.5,
+                1.01,
+                f"resume on W={W}",
+                fontsize=9,
+                ha="center",
+                va="bottom",
+                color="0.2",
+                transform=ax.get_xaxis_transform(),
+            )
         ax.set_ylim(ylo - pad, yhi + 5 * pad)  # headroom for the error box
         axd.set_xlabel("step")
         s = summ[name]
         if name == "zephon":
             ident = res["zephon_lane_batches_identical"]
-            ax.set_title(f"zephon: W={W0} → {W1} → {W2} lies on the uninterrupted W={W0} run\n"
-                         f"max |Δloss| after the resumes {s['max_abs_diff_after_resume']:.1e}; "
-                         + (f"global batches identical ({ident['total']}/{ident['total']} lane batches)"
-                            if ident["equal"] == ident["total"] else
-                            f"lane batches equal: only {ident['equal']}/{ident['total']}"), fontsize=10.5, pad=18)
+            ax.set_title(
+                f"zephon: W={W0} → {W1} → {W2} lies on the uninterrupted W={W0} run\n"
+                f"max |Δloss| after the resumes {s['max_abs_diff_after_resume']:.1e}; "
+                + (
+                    f"global batches identical ({ident['total']}/{ident['total']} lane batches)"
+                    if ident["equal"] == ident["total"]
+                    else f"lane batches equal: only {ident['equal']}/{ident['total']}"
+                ),
+                fontsize=10.5,
+                pad=18,
+            )
             ax.set_ylabel("training loss")
             axd.set_ylabel("|Δloss| vs uninterrupted")
         else:
-            ax.set_title(f"TorchTitan's own loader (HuggingFaceTextDataLoader): resume on W={W1} refused;\n"
-                         f"without loader state the data restarts: max |Δloss| {s['max_abs_diff_after_resume']:.2f}",
-                         fontsize=10.5, pad=18)
+            ax.set_title(
+                f"TorchTitan's own loader (HuggingFaceTextDataLoader): resume on W={W1} refused;\n"
+                f"without loader state the data restarts: max |Δloss| {s['max_abs_diff_after_resume']:.2f}",
+                fontsize=10.5,
+                pad=18,
+            )
             lines = []
             for e in res["titan_resume_errors"]:
                 err = e["error"]
                 if len(err) > 64:
                     cut = err.rfind(" ", 0, 64)
-                    err = err[:cut] + "\n    " + err[cut + 1:]
+                    err = err[:cut] + "\n    " + err[cut + 1 :]
                 lines.append(f"resume W={e['saved_on']}→{e['resumed_on']}: {err}")
             lines.append("then resumed with --checkpoint.exclude_from_loading dataloader")
-            ax.text(0.98, 0.97, "\n".join(lines),
-                    transform=ax.transAxes, fontsize=8, family="monospace", va="top", ha="right", multialignment="left",
-                    bbox=dict(boxstyle="round", fc="#fff3f3", ec="#d62728", alpha=0.95))
+            ax.text(
+                0.98,
+                0.97,
+                "\n".join(lines),
+                transform=ax.transAxes,
+                fontsize=8,
+                family="monospace",
+                va="top",
+                ha="right",
+                multialignment="left",
+                bbox=dict(boxstyle="round", fc="#fff3f3", ec="#d62728", alpha=0.95),
+            )
         ax.legend(loc="lower left", fontsize=8.5, framealpha=0.9)
-    axes[1, 0].text(0.02, 0.9, f"exact 0 drawn at {floor:g}", transform=axes[1, 0].transAxes, fontsize=8, color="0.3",
-                    va="top")
-    fig.suptitle(f"TorchTitan llama3 debug model on CPU, global batch {setup['global_batch_size']} × "
-                 f"{setup['seq_len']} tokens: checkpoint after step {R1} on W={W0}, resume on W={W1}, "
-                 f"checkpoint after step {R2}, resume on W={W2}", fontsize=11)
+    axes[1, 0].text(
+        0.02, 0.9, f"exact 0 drawn at {floor:g}", transform=axes[1, 0].transAxes, fontsize=8, color="0.3", va="top"
+    )
+    fig.suptitle(
+        f"TorchTitan llama3 debug model on CPU, global batch {setup['global_batch_size']} × "
+        f"{setup['seq_len']} tokens: checkpoint after step {R1} on W={W0}, resume on W={W1}, "
+        f"checkpoint after step {R2}, resume on W={W2}",
+        fontsize=11,
+    )
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -344,10 +436,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--resume-after", type=int, nargs=2, default=[10, 20], metavar=("S1", "S2"))
     p.add_argument("--world-sizes", type=int, nargs=3, default=[2, 1, 4], metavar=("W0", "W1", "W2"))
-    p.add_argument("--local-batch-size", type=int, default=4, help="rows per micro-batch (grad accumulation fills the rest)")
+    p.add_argument(
+        "--local-batch-size", type=int, default=4, help="rows per micro-batch (grad accumulation fills the rest)"
+    )
     p.add_argument("--recipe", default="small", choices=["small", "demo"])
-    p.add_argument("--workdir", default=os.path.join(ROOT, "build", "titan_resume"),
-                   help="runs, checkpoints and logs (default build/titan_resume)")
+    p.add_argument(
+        "--workdir",
+        default=os.path.join(ROOT, "build", "titan_resume"),
+        help="runs, checkpoints and logs (default build/titan_resume)",
+    )
     p.add_argument("--json", default=os.path.join(ROOT, "docs", "img", "titan_resume.json"))
     p.add_argument("--png", default=os.path.join(ROOT, "docs", "img", "titan_resume.png"))
     p.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
@@ -372,18 +469,26 @@ def main() -> None:
 
     s = summarize(res)
     R1, _ = res["setup"]["resume_after"]
-    print(f"zephon    max |loss diff| elastic vs uninterrupted, steps {R1 + 1}..{res['setup']['steps']}: "
-          f"{s['zephon']['max_abs_diff_after_resume']:.3e} (steps 1..{R1}: {s['zephon']['max_abs_diff_before_resume']:.3e})")
+    print(
+        f"zephon    max |loss diff| elastic vs uninterrupted, steps {R1 + 1}..{res['setup']['steps']}: "
+        f"{s['zephon']['max_abs_diff_after_resume']:.3e} (steps 1..{R1}: {s['zephon']['max_abs_diff_before_resume']:.3e})"
+    )
     ident = res["zephon_lane_batches_identical"]
     print(f"zephon    lane batches identical to the uninterrupted run: {ident['equal']}/{ident['total']}")
     if ident["equal"] != ident["total"]:
-        print("WARNING: the elastic run's batches differ from the uninterrupted run's (was zephon's code edited "
-              "while the script ran?)")
-    print(f"torchtitan max |loss diff| elastic (data restarted) vs uninterrupted, steps {R1 + 1}..: "
-          f"{s['titan']['max_abs_diff_after_resume']:.3e}")
+        print(
+            "WARNING: the elastic run's batches differ from the uninterrupted run's (was zephon's code edited "
+            "while the script ran?)"
+        )
+    print(
+        f"torchtitan max |loss diff| elastic (data restarted) vs uninterrupted, steps {R1 + 1}..: "
+        f"{s['titan']['max_abs_diff_after_resume']:.3e}"
+    )
     for e in res["titan_resume_errors"]:
         print(f"torchtitan resume W={e['saved_on']} -> W={e['resumed_on']} after step {e['after_step']}: {e['error']}")
-    print(f"runtime {res['runtime_s']:.0f} s; wrote {os.path.relpath(args.json, ROOT)} and {os.path.relpath(args.png, ROOT)}")
+    print(
+        f"runtime {res['runtime_s']:.0f} s; wrote {os.path.relpath(args.json, ROOT)} and {os.path.relpath(args.png, ROOT)}"
+    )
 
 
 if __name__ == "__main__":

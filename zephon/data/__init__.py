@@ -16,13 +16,27 @@ from .datasets import (
     MMRecord,
     MultimodalIndex,
     ShardMeta,
-    index_dataset,
     image_header_size,
+    index_dataset,
     index_multimodal,
 )
 from .tokenizer import BUNDLED_TOKENIZER, TextTokenizer, set_tokenizers_parallelism
 
 __all__ = [
-    "BUNDLED_TOKENIZER", "BadRecord", "DataError", "DatasetIndex", "FORMATS", "KINDS", "MMRecord", "MM_FORMATS", "MultimodalIndex",
-    "ShardMeta", "TEXT_MODES", "TextTokenizer", "image_header_size", "index_dataset", "index_multimodal", "set_tokenizers_parallelism",
+    "BUNDLED_TOKENIZER",
+    "FORMATS",
+    "KINDS",
+    "MM_FORMATS",
+    "TEXT_MODES",
+    "BadRecord",
+    "DataError",
+    "DatasetIndex",
+    "MMRecord",
+    "MultimodalIndex",
+    "ShardMeta",
+    "TextTokenizer",
+    "image_header_size",
+    "index_dataset",
+    "index_multimodal",
+    "set_tokenizers_parallelism",
 ]

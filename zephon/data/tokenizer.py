@@ -26,26 +26,33 @@ import hashlib
 import json
 import os
 import threading
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
-__all__ = ["TextTokenizer", "set_tokenizers_parallelism", "BOS_CANDIDATES", "EOS_CANDIDATES", "PAD_CANDIDATES",
-           "BUNDLED_TOKENIZER"]
+__all__ = [
+    "BOS_CANDIDATES",
+    "BUNDLED_TOKENIZER",
+    "EOS_CANDIDATES",
+    "PAD_CANDIDATES",
+    "TextTokenizer",
+    "set_tokenizers_parallelism",
+]
 
 #: the small byte-level BPE (vocab 4096) the repo ships for the demo and the tests
 #: (``scripts/make_tokenizer.py`` rebuilds it); real runs point a recipe at their own tokenizer
 BUNDLED_TOKENIZER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "tokenizer")
 
 # Fallback names, tried in order when tokenizer_config.json names no token.
-BOS_CANDIDATES = ("<|bos|>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[BOS]",
-                  "<|endoftext|>")
-EOS_CANDIDATES = ("<|eos|>", "</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[EOS]",
-                  "<|im_end|>")
+BOS_CANDIDATES = ("<|bos|>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[BOS]", "<|endoftext|>")
+EOS_CANDIDATES = ("<|eos|>", "</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[EOS]", "<|im_end|>")
 PAD_CANDIDATES = ("<|pad|>", "<pad>", "[PAD]", "<|padding|>")
 
-_EXPECTED = ("tokenizer.json (optionally with tokenizer_config.json naming bos_token/eos_token), "
-             "or a folder that transformers.AutoTokenizer can load with a fast tokenizer")
+_EXPECTED = (
+    "tokenizer.json (optionally with tokenizer_config.json naming bos_token/eos_token), "
+    "or a folder that transformers.AutoTokenizer can load with a fast tokenizer"
+)
 
 
 def set_tokenizers_parallelism(enabled: bool) -> None:
@@ -82,9 +89,15 @@ class TextTokenizer:
             forge document boundaries. Part of the fingerprint.
     """
 
-    def __init__(self, path: str | os.PathLike, add_bos: bool = True, add_eos: bool = True,
-                 bos_token: str | None = None, eos_token: str | None = None,
-                 special_tokens_in_text: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        add_bos: bool = True,
+        add_eos: bool = True,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        special_tokens_in_text: bool = True,
+    ) -> None:
         self.path = os.fspath(path)
         self.special_tokens_in_text = bool(special_tokens_in_text)
         self.add_bos = bool(add_bos)
@@ -95,8 +108,9 @@ class TextTokenizer:
         tok, config, source = self._load()
         if not self.special_tokens_in_text:
             if not hasattr(tok, "encode_special_tokens"):
-                raise ValueError("special_tokens_in_text=False needs tokenizers >= 0.15 "
-                                 "(Tokenizer.encode_special_tokens)")
+                raise ValueError(
+                    "special_tokens_in_text=False needs tokenizers >= 0.15 (Tokenizer.encode_special_tokens)"
+                )
             tok.encode_special_tokens = True
         self._tok = tok
         self.source = source  # "tokenizer.json" or "AutoTokenizer"
@@ -136,8 +150,8 @@ class TextTokenizer:
                 tok = Tokenizer.from_str(raw.decode("utf-8"))
             except Exception as e:  # tokenizers raises a plain Exception on bad JSON
                 raise ValueError(
-                    f"cannot load tokenizer file {tj!r} with tokenizers.Tokenizer: {e}; "
-                    f"expected {_EXPECTED}") from e
+                    f"cannot load tokenizer file {tj!r} with tokenizers.Tokenizer: {e}; expected {_EXPECTED}"
+                ) from e
             self._json_bytes = raw
             return tok, config, "tokenizer.json"
 
@@ -146,26 +160,30 @@ class TextTokenizer:
             raise ValueError(f"{p!r} is not a tokenizer.json file nor a folder; expected {_EXPECTED}")
         listing = sorted(os.listdir(p))
         if not any(os.path.isfile(os.path.join(p, f)) for f in listing):
-            raise FileNotFoundError(f"no tokenizer.json in {p!r} (the folder has no files: "
-                                    f"{listing}); expected {_EXPECTED}")
+            raise FileNotFoundError(
+                f"no tokenizer.json in {p!r} (the folder has no files: {listing}); expected {_EXPECTED}"
+            )
         try:
             from transformers import AutoTokenizer
         except ImportError as e:
             raise FileNotFoundError(
                 f"no tokenizer.json in {p!r} (found {listing}), and transformers is "
-                f"not installed to try AutoTokenizer; expected {_EXPECTED}") from e
+                f"not installed to try AutoTokenizer; expected {_EXPECTED}"
+            ) from e
         try:
             hf = AutoTokenizer.from_pretrained(p, local_files_only=True)
         except Exception as e:
             why = " ".join(str(e).split())
             raise FileNotFoundError(
                 f"no tokenizer.json in {p!r} (found {listing}); expected {_EXPECTED}. "
-                f"transformers.AutoTokenizer could not load it offline either: {why}") from e
+                f"transformers.AutoTokenizer could not load it offline either: {why}"
+            ) from e
         backend = getattr(hf, "backend_tokenizer", None)
         if not getattr(hf, "is_fast", False) or backend is None:
             raise ValueError(
                 f"{p!r} loads as a slow (Python) tokenizer {type(hf).__name__}; zephon needs a fast "
-                "tokenizer: save one with tokenizer.json (e.g. PreTrainedTokenizerFast.save_pretrained)")
+                "tokenizer: save one with tokenizer.json (e.g. PreTrainedTokenizerFast.save_pretrained)"
+            )
         tok = Tokenizer.from_str(backend.to_str())  # a private copy
         self._json_bytes = backend.to_str().encode("utf-8")
         cfg = dict(config)
@@ -182,7 +200,8 @@ class TextTokenizer:
                 if tid is None:
                     raise ValueError(
                         f"{kind}_token {name!r} (from {'the argument' if explicit is not None else 'tokenizer_config.json'}) "
-                        f"is not in the vocabulary of {self.path!r}")
+                        f"is not in the vocabulary of {self.path!r}"
+                    )
                 return name, int(tid)
             for c in cands:
                 tid = tok.token_to_id(c)
@@ -193,30 +212,49 @@ class TextTokenizer:
         self.bos_token, self.bos_id = resolve("bos", self._bos_token_arg, BOS_CANDIDATES)
         self.eos_token, self.eos_id = resolve("eos", self._eos_token_arg, EOS_CANDIDATES)
         self.pad_token, self.pad_id = resolve("pad", None, PAD_CANDIDATES)
-        for kind, want, tid, cands in (("bos", self.add_bos, self.bos_id, BOS_CANDIDATES),
-                                       ("eos", self.add_eos, self.eos_id, EOS_CANDIDATES)):
+        for kind, want, tid, cands in (
+            ("bos", self.add_bos, self.bos_id, BOS_CANDIDATES),
+            ("eos", self.add_eos, self.eos_id, EOS_CANDIDATES),
+        ):
             if want and tid is None:
                 raise ValueError(
                     f"add_{kind}=True but the tokenizer at {self.path!r} has no {kind.upper()} token "
                     f"(no {kind}_token in tokenizer_config.json and none of {list(cands)} in the "
                     f"vocabulary). Fix: set add_{kind} = false, or name the token "
-                    f"({kind}_token=... here, or \"{kind}_token\" in tokenizer_config.json)")
+                    f'({kind}_token=... here, or "{kind}_token" in tokenizer_config.json)'
+                )
 
     def _fingerprint(self, tok) -> str:
         h = hashlib.sha256(self._json_bytes)
-        policy = {"add_bos": self.add_bos, "add_eos": self.add_eos,
-                  "special_tokens_in_text": self.special_tokens_in_text,
-                  "bos_id": self.bos_id if self.add_bos else None,
-                  "eos_id": self.eos_id if self.add_eos else None}
+        policy = {
+            "add_bos": self.add_bos,
+            "add_eos": self.add_eos,
+            "special_tokens_in_text": self.special_tokens_in_text,
+            "bos_id": self.bos_id if self.add_bos else None,
+            "eos_id": self.eos_id if self.add_eos else None,
+        }
         h.update(b"\x00zephon.tokenizer\x00")
         h.update(json.dumps(policy, sort_keys=True).encode("utf-8"))
         return h.hexdigest()
 
     # ------------------------------------------------------------------ pickling
-    _STATE_KEYS = ("path", "add_bos", "add_eos", "_bos_token_arg", "_eos_token_arg",
-                   "special_tokens_in_text", "source",
-                   "bos_token", "bos_id", "eos_token", "eos_id", "pad_token", "pad_id",
-                   "vocab_size", "fingerprint")
+    _STATE_KEYS = (
+        "path",
+        "add_bos",
+        "add_eos",
+        "_bos_token_arg",
+        "_eos_token_arg",
+        "special_tokens_in_text",
+        "source",
+        "bos_token",
+        "bos_id",
+        "eos_token",
+        "eos_id",
+        "pad_token",
+        "pad_id",
+        "vocab_size",
+        "fingerprint",
+    )
 
     def __getstate__(self) -> dict:
         return {k: getattr(self, k) for k in self._STATE_KEYS}
@@ -234,13 +272,19 @@ class TextTokenizer:
         with self._lock:
             if self._tok is None:
                 fp = self.fingerprint
-                fresh = TextTokenizer(self.path, self.add_bos, self.add_eos,
-                                      self._bos_token_arg, self._eos_token_arg,
-                                      self.special_tokens_in_text)
+                fresh = TextTokenizer(
+                    self.path,
+                    self.add_bos,
+                    self.add_eos,
+                    self._bos_token_arg,
+                    self._eos_token_arg,
+                    self.special_tokens_in_text,
+                )
                 if fresh.fingerprint != fp:
                     raise ValueError(
                         f"tokenizer at {self.path!r} changed since this handle was created "
-                        f"(fingerprint {fresh.fingerprint[:12]} != {fp[:12]})")
+                        f"(fingerprint {fresh.fingerprint[:12]} != {fp[:12]})"
+                    )
                 self._fast = fresh._fast
                 self._tok = fresh._tok
             return self._tok
@@ -271,7 +315,7 @@ class TextTokenizer:
                 continue
             n = len(ids)
             a = np.empty(n + extra, dtype=np.int32)
-            a[lead:lead + n] = ids
+            a[lead : lead + n] = ids
             if lead:
                 a[0] = bos
             if self.add_eos:
@@ -302,6 +346,8 @@ class TextTokenizer:
         return self._tokenizer().token_to_id(token)
 
     def __repr__(self) -> str:
-        return (f"TextTokenizer({self.path!r}, add_bos={self.add_bos}, add_eos={self.add_eos}, "
-                f"vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id}, "
-                f"fingerprint={self.fingerprint[:12]})")
+        return (
+            f"TextTokenizer({self.path!r}, add_bos={self.add_bos}, add_eos={self.add_eos}, "
+            f"vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id}, "
+            f"fingerprint={self.fingerprint[:12]})"
+        )

@@ -21,7 +21,7 @@ anchor (e.g. a window counter that keys a random stream).
 from __future__ import annotations
 
 import collections
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
@@ -61,15 +61,17 @@ class Accumulator(ZNode[Any]):
 
     node_type = "accumulator"
 
-    def __init__(self, source: BaseNode, *, flush_every: Optional[int] = None) -> None:
+    def __init__(self, source: BaseNode, *, flush_every: int | None = None) -> None:
         super().__init__()
         if flush_every is not None and (not isinstance(flush_every, int) or flush_every < 1):
-            raise ValueError(f"{type(self).__name__}: flush_every must be a positive integer or None, got {flush_every!r}")
+            raise ValueError(
+                f"{type(self).__name__}: flush_every must be a positive integer or None, got {flush_every!r}"
+            )
         self.source = source
         self.flush_every = flush_every
-        self._out: Deque[Any] = collections.deque()
-        self._anchor: Optional[Dict[str, Any]] = None
-        self._anchor_extra: Dict[str, Any] = {}
+        self._out: collections.deque[Any] = collections.deque()
+        self._anchor: dict[str, Any] | None = None
+        self._anchor_extra: dict[str, Any] = {}
         self._since = 0  # outputs delivered since the anchor
         self._inputs = 0  # inputs accepted since the last flush
         self._pending_anchor = True
@@ -92,11 +94,11 @@ class Accumulator(ZNode[Any]):
         """True when the operator holds nothing; an anchor may be taken then."""
         return True
 
-    def extra_state(self) -> Dict[str, Any]:
+    def extra_state(self) -> dict[str, Any]:
         """Small counters needed to replay from the anchor (same keys at every step)."""
         return {}
 
-    def load_extra_state(self, extra: Dict[str, Any]) -> None:
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
         """Restore what :meth:`extra_state` returned."""
 
     def on_flush(self) -> None:
@@ -107,7 +109,7 @@ class Accumulator(ZNode[Any]):
         """Queue one output (call from :meth:`accept` or :meth:`flush`); delivered in order."""
         self._out.append(item)
 
-    def upstreams(self) -> List[BaseNode]:
+    def upstreams(self) -> list[BaseNode]:
         return [self.source]
 
     def _take_anchor(self) -> None:
@@ -124,7 +126,7 @@ class Accumulator(ZNode[Any]):
             raise RuntimeError(f"{self!r}: flush() left items in the buffer; it must empty it")
         self._pending_anchor = True
 
-    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self._out.clear()
         self.clear()
@@ -155,7 +157,7 @@ class Accumulator(ZNode[Any]):
         self._since = since
         self.replayed = since
 
-    def get_state(self) -> Dict[str, Any]:
+    def get_state(self) -> dict[str, Any]:
         if self._pending_anchor and not self._out and self.buffer_empty():
             self._take_anchor()  # nothing held: the state is simply "here"
         return self._tagged({"anchor": self._anchor, "extra": dict(self._anchor_extra), "since": self._since})

@@ -11,13 +11,25 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Dict, Iterable, List, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from .node import StateError
 
 __all__ = [
-    "FORMAT_VERSION", "SHARED_KEY", "MAX_ENTRY_BYTES", "lane_key", "is_lane_key", "merge_states",
-    "encode_state", "decode_state", "save_state", "load_state", "parse_json", "migrate", "register_lane_migration",
+    "FORMAT_VERSION",
+    "MAX_ENTRY_BYTES",
+    "SHARED_KEY",
+    "decode_state",
+    "encode_state",
+    "is_lane_key",
+    "lane_key",
+    "load_state",
+    "merge_states",
+    "migrate",
+    "parse_json",
+    "register_lane_migration",
+    "save_state",
 ]
 
 FORMAT_VERSION = 2
@@ -58,16 +70,20 @@ def parse_json(data: bytes | str, what: str, max_bytes: int = MAX_ENTRY_BYTES) -
     >>> parse_json(b'{"cursor": NaN}', "lane_00000")
     Traceback (most recent call last):
     ...
-    zephon.engine.node.StateError: lane_00000: corrupt or truncated JSON (non-finite number NaN is not allowed in a zephon state); restore from an earlier checkpoint
+    zephon.engine.node.StateError: lane_00000: corrupt or truncated JSON (non-finite number NaN is not allowed ...
     """
     if isinstance(data, (bytes, bytearray, memoryview)):
         raw = bytes(data)
         if len(raw) > max_bytes:
-            raise StateError(f"{what}: {len(raw)} bytes is larger than any zephon state ({max_bytes}); refusing to parse it")
+            raise StateError(
+                f"{what}: {len(raw)} bytes is larger than any zephon state ({max_bytes}); refusing to parse it"
+            )
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise StateError(f"{what}: not UTF-8 JSON ({e}); the checkpoint is corrupt or not a zephon checkpoint") from None
+            raise StateError(
+                f"{what}: not UTF-8 JSON ({e}); the checkpoint is corrupt or not a zephon checkpoint"
+            ) from None
     elif isinstance(data, str):
         text = data
         if len(text) > max_bytes:
@@ -80,7 +96,7 @@ def parse_json(data: bytes | str, what: str, max_bytes: int = MAX_ENTRY_BYTES) -
         raise StateError(f"{what}: corrupt or truncated JSON ({e}); restore from an earlier checkpoint") from None
 
 
-def merge_states(states: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
+def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Merge rank states: lane entries are unioned, shared entries must agree.
 
     >>> rank0 = {"format_version": 2, "lane_00000": {"c": 1}, "lane_00001": {"c": 4}}
@@ -88,18 +104,23 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
     >>> sorted(merge_states([rank0, rank1]))
     ['format_version', 'lane_00000', 'lane_00001', 'lane_00002', 'lane_00003']
     """
-    merged: Dict[str, Any] = {}
+    merged: dict[str, Any] = {}
     for rank, st in enumerate(states):
         for k, v in st.items():
             if k in merged and merged[k] != v:
                 if is_lane_key(k):
-                    raise StateError(f"{k} appears in two rank states with different contents; these states are from different runs or steps")
-                raise StateError(f"shared entry {k!r} differs between rank states (rank {rank}: {v!r} vs {merged[k]!r}); these states are from different runs or steps")
+                    raise StateError(
+                        f"{k} appears in two rank states with different contents; these states are from different runs or steps"
+                    )
+                raise StateError(
+                    f"shared entry {k!r} differs between rank states (rank {rank}: {v!r} vs {merged[k]!r}); "
+                    "these states are from different runs or steps"
+                )
             merged[k] = v
     return merged
 
 
-def encode_state(state: Mapping[str, Any]) -> Dict[str, bytes]:
+def encode_state(state: Mapping[str, Any]) -> dict[str, bytes]:
     """Router state -> ``{"zephon": meta JSON bytes, "lane_00007": lane JSON bytes, ...}`` for DCP.
 
     >>> enc = encode_state({"format_version": FORMAT_VERSION, "lane_00007": {"cursor": 3}})
@@ -116,14 +137,14 @@ def encode_state(state: Mapping[str, Any]) -> Dict[str, bytes]:
     return out
 
 
-def decode_state(encoded: Mapping[str, Any]) -> Dict[str, Any]:
+def decode_state(encoded: Mapping[str, Any]) -> dict[str, Any]:
     """Inverse of :func:`encode_state`, validating every entry."""
     if SHARED_KEY not in encoded:
         raise StateError(f"checkpoint has no {SHARED_KEY!r} entry: it was not written by zephon, or is truncated")
     meta = parse_json(encoded[SHARED_KEY], f"checkpoint entry {SHARED_KEY!r}")
     if not isinstance(meta, dict):
         raise StateError(f"checkpoint entry {SHARED_KEY!r} must be a JSON object")
-    state: Dict[str, Any] = dict(meta)
+    state: dict[str, Any] = dict(meta)
     for k, v in encoded.items():
         if k == SHARED_KEY:
             continue
@@ -140,10 +161,10 @@ def decode_state(encoded: Mapping[str, Any]) -> Dict[str, Any]:
 #   1: rank-level entries without "shared"; text lanes had no skip_counter node.
 #   2: "shared" holds derived, rank-independent values (token estimates, data and tokenizer
 #      fingerprints); text lanes count skipped records (skip_counter between mapper and pack).
-_LANE_MIGRATIONS: Dict[int, List[Callable[[Dict[str, Any]], Dict[str, Any]]]] = {}
+_LANE_MIGRATIONS: dict[int, list[Callable[[dict[str, Any]], dict[str, Any]]]] = {}
 
 
-def register_lane_migration(from_version: int, fn: Callable[[Dict[str, Any]], Dict[str, Any]]) -> None:
+def register_lane_migration(from_version: int, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """Register how a pipeline's lane state moves from ``from_version`` to the next version.
 
     A migration must recognise its own pipeline's states and return any other state unchanged.
@@ -151,7 +172,7 @@ def register_lane_migration(from_version: int, fn: Callable[[Dict[str, Any]], Di
     _LANE_MIGRATIONS.setdefault(from_version, []).append(fn)
 
 
-def migrate(state: Dict[str, Any]) -> Dict[str, Any]:
+def migrate(state: dict[str, Any]) -> dict[str, Any]:
     """Bring a state written by an older format version to the current one, explicitly.
 
     >>> migrate({"format_version": 1, "lane_00000": {}})["format_version"] == FORMAT_VERSION
@@ -159,7 +180,9 @@ def migrate(state: Dict[str, Any]) -> Dict[str, Any]:
     """
     version = state.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool):
-        raise StateError(f"checkpoint has no valid format_version ({version!r}); it is corrupt or not a zephon checkpoint")
+        raise StateError(
+            f"checkpoint has no valid format_version ({version!r}); it is corrupt or not a zephon checkpoint"
+        )
     if version > FORMAT_VERSION:
         raise StateError(
             f"checkpoint format_version {version} is newer than this zephon supports ({FORMAT_VERSION}); upgrade zephon to load it"
@@ -195,7 +218,7 @@ def save_state(path: str | os.PathLike, state: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def load_state(path: str | os.PathLike) -> Dict[str, Any]:
+def load_state(path: str | os.PathLike) -> dict[str, Any]:
     """Read a state written by :func:`save_state`."""
     limit = 256 * MAX_ENTRY_BYTES
     with open(path, "rb") as f:

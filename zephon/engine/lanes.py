@@ -15,8 +15,9 @@ import math
 import queue
 import sys
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any
 
 import numpy as np
 from torchdata.nodes import BaseNode
@@ -27,12 +28,18 @@ from .seeding import lane_rng
 from .workers import PoolSet, WorkerConfig, WorkerPool
 
 __all__ = [
-    "LaneContext", "Router", "GlobalLoader", "valid_world_sizes", "lanes_of_rank", "collate",
-    "batch_sha256", "check_world_size",
+    "GlobalLoader",
+    "LaneContext",
+    "Router",
+    "batch_sha256",
+    "check_world_size",
+    "collate",
+    "lanes_of_rank",
+    "valid_world_sizes",
 ]
 
 
-def valid_world_sizes(lanes: int) -> List[int]:
+def valid_world_sizes(lanes: int) -> list[int]:
     """The data-parallel sizes a run with ``lanes`` lanes can use (the divisors).
 
     >>> valid_world_sizes(12)
@@ -82,11 +89,11 @@ class LaneContext:
         """This lane's random stream for (operator, epoch, counter)."""
         return lane_rng(self.seed, self.lane, op, epoch, counter)
 
-    def pool(self, config: Optional[WorkerConfig] = None) -> Optional[WorkerPool]:
+    def pool(self, config: WorkerConfig | None = None) -> WorkerPool | None:
         """The rank's shared pool for ``config`` (default: the recipe's workers); None = inline."""
         return self.pools.get(config or self.workers)
 
-    def max_in_flight(self, config: Optional[WorkerConfig] = None, per_worker: int = 16) -> int:
+    def max_in_flight(self, config: WorkerConfig | None = None, per_worker: int = 16) -> int:
         """Per-lane pending tasks: the lane being pulled keeps every worker of the shared pool busy
         (two chunks per worker, so a worker never idles while the consumer collects a result),
         capped so that all the lanes of a rank together hold about ``per_worker`` chunks per
@@ -171,11 +178,11 @@ class Router(ZNode[Any]):
         rank: int = 0,
         seed: int = 0,
         fingerprint: str = "",
-        workers: Optional[WorkerConfig] = None,
-        pools: Optional[PoolSet] = None,
+        workers: WorkerConfig | None = None,
+        pools: PoolSet | None = None,
         collate_fn: Callable[[Sequence[Any]], Any] = collate,
-        shared_state: Optional[Callable[[], Dict[str, Any]]] = None,
-        adopt_shared: Optional[Callable[[Dict[str, Any]], bool]] = None,
+        shared_state: Callable[[], dict[str, Any]] | None = None,
+        adopt_shared: Callable[[dict[str, Any]], bool] | None = None,
         prefetch: int = 0,
     ) -> None:
         super().__init__()
@@ -185,10 +192,10 @@ class Router(ZNode[Any]):
         # with the state after it, so a training step never waits on a burst of work (e.g. a
         # shuffle window refill) and state_dict() still describes exactly what was delivered
         self.prefetch = prefetch
-        self._thread: Optional[threading.Thread] = None
-        self._queue: Optional[queue.Queue] = None
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue | None = None
         self._stop = threading.Event()
-        self._delivered: Optional[Dict[str, Any]] = None
+        self._delivered: dict[str, Any] | None = None
         if not isinstance(lanes, int) or lanes < 1:
             raise ValueError(f"lanes must be a positive integer, got {lanes!r}")
         self.owned = lanes_of_rank(lanes, world_size, rank)
@@ -199,7 +206,7 @@ class Router(ZNode[Any]):
         self._own_pools = pools is None
         self.pools = pools if pools is not None else PoolSet()
         self.collate_fn = collate_fn
-        self._lanes: Optional[List[BaseNode]] = None
+        self._lanes: list[BaseNode] | None = None
         self.step = 0  # local batches delivered
         self._produced = 0  # local batches computed (ahead of `step` when prefetching)
         # rank-independent values the pipeline derived at start (e.g. token estimates): saved
@@ -212,17 +219,21 @@ class Router(ZNode[Any]):
         yield f"rank={self.rank}/{self.world_size} owns {self.owned.start}..{self.owned.stop - 1}"
         yield f"workers={self.workers.count} {self.workers.backend}"
 
-    def upstreams(self) -> List[BaseNode]:
+    def upstreams(self) -> list[BaseNode]:
         return list(self._lanes or [])
 
     @property
-    def lane_nodes(self) -> List[BaseNode]:
+    def lane_nodes(self) -> list[BaseNode]:
         """The final node of each lane this rank owns, in lane order (for metrics and display)."""
         if self._lanes is None:
             self._lanes = [
                 self.build_lane(
                     LaneContext(
-                        seed=self.seed, lane=l, lanes=self.lanes, workers=self.workers, pools=self.pools,
+                        seed=self.seed,
+                        lane=l,
+                        lanes=self.lanes,
+                        workers=self.workers,
+                        pools=self.pools,
                         lanes_on_rank=len(self.owned),
                     )
                 )
@@ -230,7 +241,7 @@ class Router(ZNode[Any]):
             ]
         return self._lanes
 
-    def check_compatible(self, state: Dict[str, Any]) -> None:
+    def check_compatible(self, state: dict[str, Any]) -> None:
         """Refuse a state from another run configuration, naming what changed."""
         fv = state.get("format_version")
         if fv != FORMAT_VERSION:
@@ -263,7 +274,7 @@ class Router(ZNode[Any]):
                 "or start a new run."
             )
 
-    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self._stop_prefetch()
         self._reset_lanes(initial_state)
@@ -271,7 +282,7 @@ class Router(ZNode[Any]):
             self._delivered = self._snapshot()
             self._start_prefetch()
 
-    def _reset_lanes(self, initial_state: Optional[Dict[str, Any]]) -> None:
+    def _reset_lanes(self, initial_state: dict[str, Any] | None) -> None:
         nodes = self.lane_nodes
         if initial_state is None:
             for n in nodes:
@@ -329,11 +340,12 @@ class Router(ZNode[Any]):
     def _start_prefetch(self) -> None:
         self._stop = threading.Event()
         self._queue = queue.Queue(maxsize=self.prefetch)
-        self._thread = threading.Thread(target=self._produce, args=(self._stop, self._queue),
-                                        name=f"zephon-prefetch-rank{self.rank}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._produce, args=(self._stop, self._queue), name=f"zephon-prefetch-rank{self.rank}", daemon=True
+        )
         self._thread.start()
 
-    def _produce(self, stop: threading.Event, q: "queue.Queue") -> None:
+    def _produce(self, stop: threading.Event, q: queue.Queue) -> None:
         while not stop.is_set():
             try:
                 item = ("ok", self._compute(), None)
@@ -365,14 +377,14 @@ class Router(ZNode[Any]):
             t.join(timeout=0.1)
         self._queue = None
 
-    def lane_metrics(self) -> Dict[int, List[Dict[str, Any]]]:
+    def lane_metrics(self) -> dict[int, list[dict[str, Any]]]:
         """Per owned lane, the metrics of every node of its pipeline (see ZNode.metrics)."""
         return {l: (n.pipeline_metrics() if isinstance(n, ZNode) else []) for l, n in zip(self.owned, self.lane_nodes)}
 
-    def summary_metrics(self) -> Dict[str, Dict[str, Any]]:
+    def summary_metrics(self) -> dict[str, dict[str, Any]]:
         """Metrics summed over this rank's lanes, per node type: items, seconds, and each node's
         numeric counters (skips, rows, pad tokens...)."""
-        out: Dict[str, Dict[str, Any]] = {}
+        out: dict[str, dict[str, Any]] = {}
         for nodes in self.lane_metrics().values():
             for m in nodes:
                 agg = out.setdefault(m["node"], {})
@@ -391,16 +403,21 @@ class Router(ZNode[Any]):
                 agg["efficiency"] = 1 - agg["pad_tokens"] / agg["row_tokens"]
         return out
 
-    def get_state(self) -> Dict[str, Any]:
+    def get_state(self) -> dict[str, Any]:
         if self.prefetch and self._delivered is not None:
             return copy.deepcopy(self._delivered)
         return self._snapshot()
 
-    def _snapshot(self) -> Dict[str, Any]:
-        state: Dict[str, Any] = self._tagged(
-            {"format_version": FORMAT_VERSION, "lanes": self.lanes, "seed": self.seed,
-             "fingerprint": self.fingerprint, "step": self._produced,
-             "shared": self.shared_state() if self.shared_state is not None else {}}
+    def _snapshot(self) -> dict[str, Any]:
+        state: dict[str, Any] = self._tagged(
+            {
+                "format_version": FORMAT_VERSION,
+                "lanes": self.lanes,
+                "seed": self.seed,
+                "fingerprint": self.fingerprint,
+                "step": self._produced,
+                "shared": self.shared_state() if self.shared_state is not None else {},
+            }
         )
         for l, n in zip(self.owned, self.lane_nodes):
             state[lane_key(l)] = n.state_dict()
@@ -432,11 +449,11 @@ class GlobalLoader:
     def __next__(self) -> Any:
         return collate([next(r) for r in self.routers])
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Lane-keyed JSON state of every rank, merged: load it into a loader of any world size."""
         return merge_states(r.state_dict() for r in self.routers)
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore every rank from a merged (or per-rank) lane-keyed state; replays each lane."""
         for r in self.routers:
             r.reset(state)
@@ -446,7 +463,7 @@ class GlobalLoader:
         for r in self.routers:
             r.close()
 
-    def __enter__(self) -> "GlobalLoader":
+    def __enter__(self) -> GlobalLoader:
         return self
 
     def __exit__(self, *exc: object) -> None:

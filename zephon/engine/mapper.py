@@ -17,15 +17,16 @@ import collections
 import concurrent.futures as cf
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
 from .node import PipelineError, StateError, ZNode
 from .workers import WorkerConfig, WorkerPool
 
-__all__ = ["OrderedMapper", "describe_item", "WorkerError"]
+__all__ = ["OrderedMapper", "WorkerError", "describe_item"]
 
 
 class WorkerError(PipelineError):
@@ -49,7 +50,7 @@ def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> 
         try:
             out = fn(list(items))
         except BaseException:  # find the failing item by running them one at a time
-            done: List[Any] = []
+            done: list[Any] = []
             for i, item in enumerate(items):
                 try:
                     done.extend(fn([item]))
@@ -58,9 +59,15 @@ def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> 
             return ("err", 0, "the batch function failed on the chunk but on no item alone", traceback.format_exc(), [])
         if not isinstance(out, (list, tuple)) or len(out) != len(items):
             got = len(out) if isinstance(out, (list, tuple)) else type(out).__name__
-            return ("err", 0, f"batch function must return a list with one result per item ({len(items)}), got {got}", "", [])
+            return (
+                "err",
+                0,
+                f"batch function must return a list with one result per item ({len(items)}), got {got}",
+                "",
+                [],
+            )
         return ("ok", list(out))
-    results: List[Any] = []
+    results: list[Any] = []
     for i, item in enumerate(items):
         try:
             results.append(fn(item))
@@ -75,7 +82,7 @@ class _Deferred:
     def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
         self._fn, self._args = fn, args
 
-    def result(self, timeout: Optional[float] = None) -> Any:
+    def result(self, timeout: float | None = None) -> Any:
         return self._fn(*self._args)
 
     def cancel(self) -> bool:
@@ -83,9 +90,9 @@ class _Deferred:
 
 
 class _Task:
-    __slots__ = ("start", "anchor", "items", "future")
+    __slots__ = ("anchor", "future", "items", "start")
 
-    def __init__(self, start: int, anchor: Dict[str, Any], items: List[Any], future: Any) -> None:
+    def __init__(self, start: int, anchor: dict[str, Any], items: list[Any], future: Any) -> None:
         self.start, self.anchor, self.items, self.future = start, anchor, items, future
 
 
@@ -102,15 +109,15 @@ class OrderedMapper(ZNode[Any]):
     def __init__(
         self,
         source: BaseNode,
-        fn: Optional[Callable[[Any], Any]] = None,
+        fn: Callable[[Any], Any] | None = None,
         *,
-        batch_fn: Optional[Callable[[List[Any]], List[Any]]] = None,
-        workers: Optional[WorkerConfig] = None,
-        pool: Optional[WorkerPool] = None,
+        batch_fn: Callable[[list[Any]], list[Any]] | None = None,
+        workers: WorkerConfig | None = None,
+        pool: WorkerPool | None = None,
         chunk_size: int = 16,
-        max_in_flight: Optional[int] = None,
+        max_in_flight: int | None = None,
         name: str = "map",
-        lane: Optional[int] = None,
+        lane: int | None = None,
     ) -> None:
         super().__init__()
         if (fn is None) == (batch_fn is None):
@@ -131,17 +138,17 @@ class OrderedMapper(ZNode[Any]):
         self.max_in_flight = max_in_flight
         self.name = name
         self.lane = lane
-        self._tasks: Deque[_Task] = collections.deque()
-        self._current: Optional[_Task] = None
-        self._results: List[Any] = []
+        self._tasks: collections.deque[_Task] = collections.deque()
+        self._current: _Task | None = None
+        self._results: list[Any] = []
         self._pos = 0  # position within the current task's results
         self._pulled = 0  # items pulled from upstream
         self._delivered = 0
         self._exhausted = False
-        self._error: Optional[WorkerError] = None
+        self._error: WorkerError | None = None
         self._wait = 0.0  # seconds the consumer waited for workers
 
-    def upstreams(self) -> List[BaseNode]:
+    def upstreams(self) -> list[BaseNode]:
         return [self.source]
 
     def _repr_args(self):
@@ -152,7 +159,7 @@ class OrderedMapper(ZNode[Any]):
             yield f"lane={self.lane}"
 
     # -- contract ---------------------------------------------------------------------------
-    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self._cancel_pending()
         self._current, self._results, self._pos = None, [], 0
@@ -177,7 +184,7 @@ class OrderedMapper(ZNode[Any]):
                 ) from None
         self._pulled = self._delivered = since
 
-    def get_state(self) -> Dict[str, Any]:
+    def get_state(self) -> dict[str, Any]:
         if self._current is not None and self._pos < len(self._current.items):
             anchor, since = self._current.anchor, self._pos
         elif self._tasks:
@@ -208,7 +215,7 @@ class OrderedMapper(ZNode[Any]):
     def _fill(self) -> None:
         while not self._exhausted and len(self._tasks) < self.max_in_flight:
             anchor = self.source.state_dict()
-            items: List[Any] = []
+            items: list[Any] = []
             try:
                 while len(items) < self.chunk_size:
                     items.append(next(self.source))
@@ -231,20 +238,24 @@ class OrderedMapper(ZNode[Any]):
             f"{self._where()}: a worker process died (killed by a signal, or out of memory) while "
             f"mapping the chunk starting at {describe_item(item)}. All workers of this pool were "
             "stopped. Check the system log for the OOM killer; a script that starts process workers "
-            "must guard its entry point with `if __name__ == \"__main__\":`; or run with "
-            "workers.backend = \"thread\" to debug."
+            'must guard its entry point with `if __name__ == "__main__":`; or run with '
+            'workers.backend = "thread" to debug.'
         )
 
     def _where(self) -> str:
         lane = f"lane {self.lane}, " if self.lane is not None else ""
         return f"{self.name} ({lane}{self.workers.count} {self.workers.backend} workers)"
 
-    def extra_metrics(self) -> Dict[str, Any]:
+    def extra_metrics(self) -> dict[str, Any]:
         """Chunks pending, the in-flight bound, and how long the consumer waited for workers."""
-        return {"pending_tasks": len(self._tasks), "max_in_flight": self.max_in_flight,
-                "wait_workers_s": round(self._wait, 6), "workers": f"{self.workers.count} {self.workers.backend}"}
+        return {
+            "pending_tasks": len(self._tasks),
+            "max_in_flight": self.max_in_flight,
+            "wait_workers_s": round(self._wait, 6),
+            "workers": f"{self.workers.count} {self.workers.backend}",
+        }
 
-    def _collect(self, task: _Task) -> List[Any]:
+    def _collect(self, task: _Task) -> list[Any]:
         t0 = time.perf_counter()
         try:
             res = task.future.result(timeout=self.workers.timeout_s)

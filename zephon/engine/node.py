@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, ClassVar, Dict, Iterable, List, Optional, TypeVar
+from collections.abc import Iterable
+from typing import Any, ClassVar, TypeVar
 
 from torchdata.nodes import BaseNode
 
 T = TypeVar("T")
 
-__all__ = ["ZNode", "StateError", "PipelineError", "check_state", "json_roundtrip"]
+__all__ = ["PipelineError", "StateError", "ZNode", "check_state", "json_roundtrip"]
 
 
 class StateError(ValueError):
@@ -27,7 +28,7 @@ class PipelineError(RuntimeError):
     """A failure inside a pipeline, with the lane and source position it happened at."""
 
 
-def check_state(node: "ZNode", state: Dict[str, Any]) -> None:
+def check_state(node: ZNode, state: dict[str, Any]) -> None:
     """Refuse a state written by another node type or an unknown format version."""
     if not isinstance(state, dict):
         raise StateError(f"{node!r}: expected a state dict, got {type(state).__name__}")
@@ -47,7 +48,7 @@ def check_state(node: "ZNode", state: Dict[str, Any]) -> None:
         )
 
 
-def json_roundtrip(state: Dict[str, Any]) -> Dict[str, Any]:
+def json_roundtrip(state: dict[str, Any]) -> dict[str, Any]:
     """Serialise and parse a state, proving it is plain JSON."""
     return json.loads(json.dumps(state, sort_keys=True, allow_nan=False))
 
@@ -77,23 +78,25 @@ class ZNode(BaseNode[T]):
         self._n_out += 1
         return out
 
-    def metrics(self) -> Dict[str, Any]:
+    def metrics(self) -> dict[str, Any]:
         """Counters of this node: items produced, seconds in ``next()`` (with and without its
         upstreams' share), and node-specific figures from :meth:`extra_metrics`."""
         ups = [u for u in self.upstreams() if isinstance(u, ZNode)]
         upstream_s = sum(u._t_busy for u in ups)
-        out: Dict[str, Any] = {
-            "node": type(self).__name__, "items": self._n_out, "busy_s": round(self._t_busy, 6),
+        out: dict[str, Any] = {
+            "node": type(self).__name__,
+            "items": self._n_out,
+            "busy_s": round(self._t_busy, 6),
             "self_s": round(max(self._t_busy - upstream_s, 0.0), 6),
         }
         out.update(self.extra_metrics())
         return out
 
-    def extra_metrics(self) -> Dict[str, Any]:
+    def extra_metrics(self) -> dict[str, Any]:
         """Node-specific counters added to :meth:`metrics` (override; JSON-able values)."""
         return {}
 
-    def pipeline_metrics(self) -> List[Dict[str, Any]]:
+    def pipeline_metrics(self) -> list[dict[str, Any]]:
         """:meth:`metrics` of this node and every node upstream of it (depth-first)."""
         out = [self.metrics()]
         for up in self.upstreams():
@@ -102,19 +105,19 @@ class ZNode(BaseNode[T]):
         return out
 
     # -- contract helpers -------------------------------------------------------------------
-    def _tagged(self, body: Dict[str, Any]) -> Dict[str, Any]:
+    def _tagged(self, body: dict[str, Any]) -> dict[str, Any]:
         out = {"type": self.node_type, "version": self.state_version}
         out.update(body)
         return out
 
-    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         if self._closed:
             raise PipelineError(f"{self!r} was closed; build a new pipeline instead of reusing it")
         if initial_state is not None:
             check_state(self, initial_state)
         super().reset(initial_state)
 
-    def upstreams(self) -> List[BaseNode]:
+    def upstreams(self) -> list[BaseNode]:
         """The nodes this node reads from (closed with it)."""
         return []
 
@@ -132,7 +135,7 @@ class ZNode(BaseNode[T]):
     def _close_own(self) -> None:
         """Release this node's own resources (override)."""
 
-    def __enter__(self) -> "ZNode[T]":
+    def __enter__(self) -> ZNode[T]:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -146,7 +149,7 @@ class ZNode(BaseNode[T]):
 
     def describe(self) -> str:
         """The node graph from this node up to its sources, one node per line."""
-        lines: List[str] = []
+        lines: list[str] = []
 
         def walk(node: Any, depth: int) -> None:
             lines.append("  " * depth + ("└─ " if depth else "") + repr(node))
@@ -159,4 +162,4 @@ class ZNode(BaseNode[T]):
     def _repr_html_(self) -> str:
         import html
 
-        return "<pre class=\"zephon-graph\">" + html.escape(self.describe()) + "</pre>"
+        return '<pre class="zephon-graph">' + html.escape(self.describe()) + "</pre>"

@@ -51,7 +51,9 @@ class IndexPermutation:
             bits += 1
         self._half = bits // 2
         self._mask = np.uint64((1 << self._half) - 1)
-        keys = _mix64(np.arange(1, self.ROUNDS + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(self.key))
+        keys = _mix64(
+            np.arange(1, self.ROUNDS + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(self.key)
+        )
         self._round_keys = [np.uint64(k) for k in keys]
         self._int_keys = [int(k) for k in keys]
 

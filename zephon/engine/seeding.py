@@ -10,7 +10,7 @@ import hashlib
 
 import numpy as np
 
-__all__ = ["op_key", "seed_sequence", "lane_rng", "stable_u64"]
+__all__ = ["lane_rng", "op_key", "seed_sequence", "stable_u64"]
 
 _MASK64 = (1 << 64) - 1
 

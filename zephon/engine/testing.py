@@ -12,8 +12,9 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 import numpy as np
 from torchdata.nodes import BaseNode
@@ -21,12 +22,23 @@ from torchdata.nodes import BaseNode
 from .accumulator import Accumulator
 from .lanes import LaneContext, batch_sha256
 from .mapper import OrderedMapper
-from .node import StateError, ZNode, json_roundtrip
+from .node import ZNode, json_roundtrip
 from .seeding import lane_rng
 from .workers import ProcessLocal
 
-__all__ = ["ListSource", "RangeSource", "ToyPacker", "check_node", "NodeCheck", "key_shape", "assert_no_leaks", "toy_lane", "ToyShuffle",
-           "ToyBatch", "AddOffset"]
+__all__ = [
+    "AddOffset",
+    "ListSource",
+    "NodeCheck",
+    "RangeSource",
+    "ToyBatch",
+    "ToyPacker",
+    "ToyShuffle",
+    "assert_no_leaks",
+    "check_node",
+    "key_shape",
+    "toy_lane",
+]
 
 
 class RangeSource(ZNode[int]):
@@ -38,7 +50,7 @@ class RangeSource(ZNode[int]):
 
     node_type = "range_source"
 
-    def __init__(self, n: Optional[int], lane: int = 0, lanes: int = 1) -> None:
+    def __init__(self, n: int | None, lane: int = 0, lanes: int = 1) -> None:
         super().__init__()
         self.n, self.lane, self.lanes = n, lane, lanes
         self.cursor = 0
@@ -48,7 +60,7 @@ class RangeSource(ZNode[int]):
         yield f"n={self.n}"
         yield f"lane={self.lane}/{self.lanes}"
 
-    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self.cursor = 0 if initial_state is None else int(initial_state["cursor"])
 
@@ -60,7 +72,7 @@ class RangeSource(ZNode[int]):
         self.reads += 1
         return value
 
-    def get_state(self) -> Dict[str, Any]:
+    def get_state(self) -> dict[str, Any]:
         return self._tagged({"cursor": self.cursor})
 
 
@@ -85,7 +97,7 @@ class ListSource(ZNode[Any]):
     def _repr_args(self):
         yield f"{len(self.items)} items"
 
-    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self.cursor = 0 if initial_state is None else int(initial_state["cursor"])
 
@@ -95,7 +107,7 @@ class ListSource(ZNode[Any]):
         self.cursor += 1
         return self.items[self.cursor - 1]
 
-    def get_state(self) -> Dict[str, Any]:
+    def get_state(self) -> dict[str, Any]:
         return self._tagged({"cursor": self.cursor})
 
 
@@ -108,10 +120,10 @@ class ToyPacker(Accumulator):
 
     node_type = "toy_packer"
 
-    def __init__(self, source: BaseNode, *, row_len: int = 8, flush_every: Optional[int] = 16, doc_mod: int = 11) -> None:
+    def __init__(self, source: BaseNode, *, row_len: int = 8, flush_every: int | None = 16, doc_mod: int = 11) -> None:
         super().__init__(source, flush_every=flush_every)
         self.row_len, self.doc_mod = row_len, doc_mod
-        self._buf: List[int] = []
+        self._buf: list[int] = []
         self.rows_out = 0
 
     def _repr_args(self):
@@ -146,7 +158,7 @@ class ToyShuffle(Accumulator):
     def __init__(self, source: BaseNode, *, buffer: int, seed: int, lane: int) -> None:
         super().__init__(source)
         self.buffer, self.seed, self.lane = buffer, seed, lane
-        self._held: List[Any] = []
+        self._held: list[Any] = []
         self._window = 0
 
     def clear(self) -> None:
@@ -155,10 +167,10 @@ class ToyShuffle(Accumulator):
     def buffer_empty(self) -> bool:
         return not self._held
 
-    def extra_state(self) -> Dict[str, Any]:
+    def extra_state(self) -> dict[str, Any]:
         return {"window": self._window}
 
-    def load_extra_state(self, extra: Dict[str, Any]) -> None:
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
         self._window = int(extra["window"])
 
     def accept(self, item: Any) -> None:
@@ -184,7 +196,7 @@ class ToyBatch(Accumulator):
     def __init__(self, source: BaseNode, *, rows: int) -> None:
         super().__init__(source)
         self.rows = rows
-        self._held: List[Dict[str, np.ndarray]] = []
+        self._held: list[dict[str, np.ndarray]] = []
 
     def clear(self) -> None:
         self._held = []
@@ -192,7 +204,7 @@ class ToyBatch(Accumulator):
     def buffer_empty(self) -> bool:
         return not self._held
 
-    def accept(self, item: Dict[str, np.ndarray]) -> None:
+    def accept(self, item: dict[str, np.ndarray]) -> None:
         self._held.append(item)
         if len(self._held) == self.rows:
             self.emit({k: np.stack([r[k] for r in self._held]) for k in item})
@@ -202,13 +214,29 @@ class ToyBatch(Accumulator):
         self._held = []
 
 
-def toy_lane(ctx: LaneContext, *, n: Optional[int] = None, row_len: int = 8, flush_every: int = 16, buffer: int = 5,
-             rows_per_step: int = 2, map_fn: Optional[Callable[[int], int]] = None, chunk_size: int = 4) -> BaseNode:
+def toy_lane(
+    ctx: LaneContext,
+    *,
+    n: int | None = None,
+    row_len: int = 8,
+    flush_every: int = 16,
+    buffer: int = 5,
+    rows_per_step: int = 2,
+    map_fn: Callable[[int], int] | None = None,
+    chunk_size: int = 4,
+) -> BaseNode:
     """A synthetic lane made of engine parts only: range source -> ordered mapper -> toy packer ->
     toy shuffle -> toy batch (the shape of a real text lane, for tests of the engine)."""
     src: BaseNode = RangeSource(n, ctx.lane, ctx.lanes)
-    src = OrderedMapper(src, map_fn or _square_plus_one, pool=ctx.pool(), chunk_size=chunk_size,
-                        max_in_flight=ctx.max_in_flight(), lane=ctx.lane, name="toy_map")
+    src = OrderedMapper(
+        src,
+        map_fn or _square_plus_one,
+        pool=ctx.pool(),
+        chunk_size=chunk_size,
+        max_in_flight=ctx.max_in_flight(),
+        lane=ctx.lane,
+        name="toy_map",
+    )
     src = ToyPacker(src, row_len=row_len, flush_every=flush_every)
     src = ToyShuffle(src, buffer=buffer, seed=ctx.seed, lane=ctx.lane)
     return ToyBatch(src, rows=rows_per_step)
@@ -261,8 +289,8 @@ class NodeCheck:
     """What :func:`check_node` measured: outputs, states and restore replay counts."""
 
     steps: int
-    hashes: List[str] = field(default_factory=list)
-    states: List[Dict[str, Any]] = field(default_factory=list)
+    hashes: list[str] = field(default_factory=list)
+    states: list[dict[str, Any]] = field(default_factory=list)
     max_state_bytes: int = 0
 
 
@@ -271,7 +299,7 @@ def check_node(
     *,
     max_steps: int = 200,
     every: int = 1,
-    compare_steps: Optional[int] = None,
+    compare_steps: int | None = None,
 ) -> NodeCheck:
     """Check a node's checkpoint contract; raise AssertionError with the first failing step.
 
@@ -289,7 +317,7 @@ def check_node(
     before = _threads()
     ref = make()
     states = [json_roundtrip(ref.state_dict())]
-    hashes: List[str] = []
+    hashes: list[str] = []
     for _ in range(max_steps):
         try:
             out = next(ref)
@@ -315,7 +343,9 @@ def check_node(
             try:
                 out = next(node)
             except StopIteration:
-                raise AssertionError(f"restored from step {k}: ended at step {t}, the reference went on to {len(hashes)}") from None
+                raise AssertionError(
+                    f"restored from step {k}: ended at step {t}, the reference went on to {len(hashes)}"
+                ) from None
             if batch_sha256(out) != hashes[t]:
                 raise AssertionError(f"restored from step {k}: output {t} differs from the uninterrupted run")
         if compare_steps is None:

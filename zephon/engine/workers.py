@@ -10,10 +10,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing as mp
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any
 
-__all__ = ["WorkerConfig", "WorkerPool", "PoolSet", "ProcessLocal", "BACKENDS"]
+__all__ = ["BACKENDS", "PoolSet", "ProcessLocal", "WorkerConfig", "WorkerPool"]
 
 BACKENDS = ("thread", "process")
 
@@ -68,7 +69,7 @@ class WorkerPool:
         if config.count < 1:
             raise ValueError("a WorkerPool needs count >= 1; use inline execution for count=0")
         self.config = config
-        self._executor: Optional[cf.Executor] = None
+        self._executor: cf.Executor | None = None
         self._lock = threading.Lock()
         self._closed = False
 
@@ -133,10 +134,10 @@ class PoolSet:
     """
 
     def __init__(self) -> None:
-        self._pools: Dict[Tuple[str, int, str], WorkerPool] = {}
+        self._pools: dict[tuple[str, int, str], WorkerPool] = {}
         self._lock = threading.Lock()
 
-    def get(self, config: WorkerConfig) -> Optional[WorkerPool]:
+    def get(self, config: WorkerConfig) -> WorkerPool | None:
         """The shared pool for ``config``, or None for inline execution."""
         if config.count == 0:
             return None
@@ -158,10 +159,10 @@ class PoolSet:
         return f"PoolSet({list(self._pools.values())})"
 
 
-_PROCESS_OBJECTS: Dict[str, Any] = {}
+_PROCESS_OBJECTS: dict[str, Any] = {}
 
 
-def _process_local(cls: type, key: str, state: Dict[str, Any]) -> Any:
+def _process_local(cls: type, key: str, state: dict[str, Any]) -> Any:
     obj = _PROCESS_OBJECTS.get(key)
     if obj is None:
         obj = cls.__new__(cls)
@@ -185,7 +186,7 @@ class ProcessLocal:
     True
     """
 
-    _transient: Tuple[str, ...] = ()
+    _transient: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         import uuid

@@ -69,12 +69,12 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Literal, Optional, Tuple
+from typing import Any, Literal
 
 import numpy as np
 import torch
-
 from torchtitan.components.dataloader import BaseDataLoader
 
 from zephon.engine.checkpoint import SHARED_KEY, decode_state, encode_state, is_lane_key
@@ -82,7 +82,7 @@ from zephon.engine.lanes import valid_world_sizes
 from zephon.engine.node import StateError
 from zephon.recipe import Recipe, RecipeError
 
-__all__ = ["ZephonDataLoader", "with_zephon", "zephon_llama3_debug", "demo_recipe_path", "titan_mm_batch"]
+__all__ = ["ZephonDataLoader", "demo_recipe_path", "titan_mm_batch", "with_zephon", "zephon_llama3_debug"]
 
 _LOG = logging.getLogger("zephon")
 
@@ -93,9 +93,16 @@ MODEL_KEYS = ("positions",)
 _SPECIAL_FIELDS = {"image": "image", "video": "video", "vision_start": "vision_start", "vision_end": "vision_end"}
 
 
-def titan_mm_batch(batch: Dict[str, np.ndarray], lo: int, hi: int, *, special_tokens: Dict[str, int],
-                   merge_size: int, with_positions: bool = True,
-                   with_mrope: bool = True) -> Tuple[Dict[str, Any], torch.Tensor]:
+def titan_mm_batch(
+    batch: dict[str, np.ndarray],
+    lo: int,
+    hi: int,
+    *,
+    special_tokens: dict[str, int],
+    merge_size: int,
+    with_positions: bool = True,
+    with_mrope: bool = True,
+) -> tuple[dict[str, Any], torch.Tensor]:
     """Rows ``lo:hi`` of a zephon multimodal batch in TorchTitan 0.3.0's multimodal batch format
     (what ``MultiModalCollator`` yields, so Qwen3.5's ``forward`` takes it as is)::
 
@@ -129,7 +136,7 @@ def titan_mm_batch(batch: Dict[str, np.ndarray], lo: int, hi: int, *, special_to
     grids = batch["grid_thw"]
     patches = grids.prod(axis=1) if len(grids) else np.zeros(0, np.int64)
     pstart = np.concatenate([[0], np.cumsum(patches)])
-    out: Dict[str, Any] = {"input": torch.from_numpy(np.ascontiguousarray(batch["input"][lo:hi], dtype=np.int64))}
+    out: dict[str, Any] = {"input": torch.from_numpy(np.ascontiguousarray(batch["input"][lo:hi], dtype=np.int64))}
     if with_positions:
         out["positions"] = torch.from_numpy(np.ascontiguousarray(batch["positions"][lo:hi], dtype=np.int64))
     if i1 > i0:
@@ -155,7 +162,7 @@ def titan_mm_batch(batch: Dict[str, np.ndarray], lo: int, hi: int, *, special_to
     return out, labels
 
 
-def demo_recipe_path(root: Optional[str] = None) -> str:
+def demo_recipe_path(root: str | None = None) -> str:
     """The bundled demo recipe (data generated on first use; safe with many ranks at once)."""
     from zephon.tools.demo import demo_root, write_demo_recipe
 
@@ -254,14 +261,18 @@ class ZephonDataLoader(BaseDataLoader):
             if not path:
                 raise RecipeError(
                     "ZephonDataLoader.Config.recipe is empty: set it to a recipe TOML path "
-                    "(--dataloader.recipe path/to/recipe.toml), or \"demo\" for the bundled demo data"
+                    '(--dataloader.recipe path/to/recipe.toml), or "demo" for the bundled demo data'
                 )
             if path == "demo":
                 path = demo_recipe_path()
             recipe = Recipe.from_toml(path)
-            changes: Dict[str, Any] = {}
-            for field_name, key in (("seed", "seed"), ("lanes", "lanes"), ("recipe_seq_len", "seq_len"),
-                                    ("global_batch_size", "global_batch_size")):
+            changes: dict[str, Any] = {}
+            for field_name, key in (
+                ("seed", "seed"),
+                ("lanes", "lanes"),
+                ("recipe_seq_len", "seq_len"),
+                ("global_batch_size", "global_batch_size"),
+            ):
                 value = getattr(self, field_name)
                 if value is not None:
                     changes[key] = value
@@ -281,8 +292,8 @@ class ZephonDataLoader(BaseDataLoader):
         dp_world_size: int = 1,
         dp_rank: int = 0,
         tokenizer: Any = None,
-        seq_len: Optional[int] = None,
-        local_batch_size: Optional[int] = None,
+        seq_len: int | None = None,
+        local_batch_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         self.config = config
@@ -323,12 +334,14 @@ class ZephonDataLoader(BaseDataLoader):
         if tokenizer is not None and config.check_tokenizer:
             self._check_tokenizer(tokenizer)
         self._router = r.router(W, self.dp_rank)
-        self.special_tokens: Dict[str, int] = {}
+        self.special_tokens: dict[str, int] = {}
         if r.multimodal:
             p = r.prepare()
             self.special_tokens = {f"{k}_id": v for k, v in p.special.items()}
-            self.special_tokens["pad_id"] = p.tokenizer.pad_id if p.tokenizer.pad_id is not None else (p.tokenizer.eos_id or 0)
-        self._buffer: Optional[Dict[str, Any]] = None
+            self.special_tokens["pad_id"] = (
+                p.tokenizer.pad_id if p.tokenizer.pad_id is not None else (p.tokenizer.eos_id or 0)
+            )
+        self._buffer: dict[str, Any] | None = None
         self._offset = 0  # rows of the buffered recipe step already handed out
         self._exhausted = False
 
@@ -364,7 +377,8 @@ class ZephonDataLoader(BaseDataLoader):
                 if theirs_id is not None and int(theirs_id) != ours_id:
                     raise ValueError(
                         f"zephon.titan: the trainer's tokenizer has {name}_id = {theirs_id}, the recipe's placeholder "
-                        f"[vision].{name}_token has id {ours_id}; use the same tokenizer (hf_assets_path) and tokens")
+                        f"[vision].{name}_token has id {ours_id}; use the same tokenizer (hf_assets_path) and tokens"
+                    )
         theirs = int(get())
         if theirs != ours.vocab_size or getattr(tokenizer, "eos_id", ours.eos_id) != ours.eos_id:
             raise ValueError(
@@ -380,7 +394,7 @@ class ZephonDataLoader(BaseDataLoader):
         """Recipe steps fetched by this rank (the router's step counter)."""
         return self._router.step
 
-    def on_local_batch(self, step: int, batch: Dict[str, np.ndarray]) -> None:
+    def on_local_batch(self, step: int, batch: dict[str, np.ndarray]) -> None:
         """Hook: called once per recipe step with this rank's whole local batch (numpy, all fields,
         lanes in order, ``rows_per_step`` rows). ``step`` counts from 1. Default: nothing."""
 
@@ -398,7 +412,7 @@ class ZephonDataLoader(BaseDataLoader):
         self._buffer = {k: torch.from_numpy(np.ascontiguousarray(batch[k], dtype=np.int64)) for k in keys}
         self._offset = 0
 
-    def __next__(self) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
+    def __next__(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         if self._exhausted:
             raise StopIteration
         if self._buffer is None or self._offset >= self.rows_per_step:
@@ -412,19 +426,25 @@ class ZephonDataLoader(BaseDataLoader):
         b = self._buffer
         assert b is not None
         if self.recipe.multimodal:
-            return titan_mm_batch(b, lo, hi, special_tokens=self.special_tokens,
-                                  merge_size=self.recipe.vision.merge_size, with_positions=self.config.with_positions)
+            return titan_mm_batch(
+                b,
+                lo,
+                hi,
+                special_tokens=self.special_tokens,
+                merge_size=self.recipe.vision.merge_size,
+                with_positions=self.config.with_positions,
+            )
         inputs = {"input": b["input"][lo:hi]}
         for k in MODEL_KEYS:
             if k in b:
                 inputs[k] = b[k][lo:hi]
         return inputs, b["labels"][lo:hi]
 
-    def __iter__(self) -> Iterator[Tuple[Dict[str, torch.Tensor], torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         return self
 
     # -- checkpointing -----------------------------------------------------------------------
-    def metrics(self) -> Dict[str, Any]:
+    def metrics(self) -> dict[str, Any]:
         """This rank's pipeline metrics, summed over its lanes, per node type."""
         return self._router.summary_metrics()
 
@@ -446,7 +466,7 @@ class ZephonDataLoader(BaseDataLoader):
         _LOG.info(line)
         return line
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """``{"zephon": bytes, "lane_NNNNN": bytes, ...}``: one JSON value per owned lane."""
         if self._buffer is not None and 0 < self._offset < self.rows_per_step:
             raise StateError(
@@ -457,7 +477,7 @@ class ZephonDataLoader(BaseDataLoader):
             )
         return encode_state(self._router.state_dict())
 
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore this rank's lanes from a (DCP-merged) lane-keyed state; empty = keep fresh."""
         if not state_dict:
             return
@@ -491,13 +511,15 @@ class ZephonDataLoader(BaseDataLoader):
             pass
 
     def __repr__(self) -> str:
-        return (f"ZephonDataLoader(rank {self.dp_rank}/{self.dp_world_size}, lanes={self.recipe.lanes}, "
-                f"global_batch_size={self.recipe.global_batch_size}, local_batch_size={self.local_batch_size}, "
-                f"microbatches_per_step={self.microbatches_per_step})")
+        return (
+            f"ZephonDataLoader(rank {self.dp_rank}/{self.dp_world_size}, lanes={self.recipe.lanes}, "
+            f"global_batch_size={self.recipe.global_batch_size}, local_batch_size={self.local_batch_size}, "
+            f"microbatches_per_step={self.microbatches_per_step})"
+        )
 
 
 # -- config functions ------------------------------------------------------------------------
-def with_zephon(trainer_config: Any, recipe: str, *, local_batch_size: Optional[int] = None, **overrides: Any) -> Any:
+def with_zephon(trainer_config: Any, recipe: str, *, local_batch_size: int | None = None, **overrides: Any) -> Any:
     """Make any TorchTitan ``Trainer.Config`` train on a zephon recipe; returns the same object.
 
     Sets ``dataloader``, ``training.seq_len`` and ``training.global_batch_size`` from the recipe
@@ -515,7 +537,9 @@ def with_zephon(trainer_config: Any, recipe: str, *, local_batch_size: Optional[
         trainer_config.training.local_batch_size = local_batch_size
     elif r.global_batch_size % trainer_config.training.local_batch_size:
         trainer_config.training.local_batch_size = r.global_batch_size
-    if getattr(trainer_config, "checkpoint", None) is not None and hasattr(trainer_config.checkpoint, "last_save_model_only"):
+    if getattr(trainer_config, "checkpoint", None) is not None and hasattr(
+        trainer_config.checkpoint, "last_save_model_only"
+    ):
         trainer_config.checkpoint.last_save_model_only = False
     return trainer_config
 

@@ -21,8 +21,9 @@ import math
 import os
 import sys
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["Recipe", "RecipeError", "DatasetSpec", "TokenEstimate", "estimate_tokens"]
+__all__ = ["DatasetSpec", "Recipe", "RecipeError", "TokenEstimate", "estimate_tokens"]
 
 
 class RecipeError(ValueError):
@@ -105,7 +106,7 @@ def _int(section: str, key: str, value: Any, minimum: int) -> int:
     return value
 
 
-def _str(section: str, key: str, value: Any, choices: Optional[Sequence[str]] = None) -> str:
+def _str(section: str, key: str, value: Any, choices: Sequence[str] | None = None) -> str:
     if not isinstance(value, str):
         raise _fail(f"recipe: {section}{key} must be a string, got {value!r}")
     if choices is not None and value not in choices:
@@ -120,7 +121,13 @@ def _bool(section: str, key: str, value: Any) -> bool:
 
 
 def _num(section: str, key: str, value: Any, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
         raise _fail(f"recipe: {section}{key} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
     return float(value)
 
@@ -136,22 +143,43 @@ class DatasetSpec:
     text_mode: str = "line"
     weight: float = 1.0
     policy: str = "repeat"
-    epochs: Optional[int] = None
+    epochs: int | None = None
     on_error: str = "raise"
-    max_skipped: Optional[int] = None  # with on_error = "skip": run-wide budget (enforced per lane)
-    max_skipped_fraction: Optional[float] = None
+    max_skipped: int | None = None  # with on_error = "skip": run-wide budget (enforced per lane)
+    max_skipped_fraction: float | None = None
     kind: str = "text"  # "text", "image_text" (one image + caption) or "interleaved" (OBELICS-style)
-    image_field: Optional[str] = None  # image column (parquet image_text / interleaved)
+    image_field: str | None = None  # image column (parquet image_text / interleaved)
 
 
 #: keys a text dataset's entry leaves out of the data definition (so text-only fingerprints stay)
 _MM_ONLY_KEYS = ("kind", "image_field")
 
-VISION_KEYS = ["patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "mean", "std",
-               "max_image_pixels", "max_images_per_batch", "max_images_per_row", "mrope", "image_token",
-               "video_token", "vision_start_token", "vision_end_token", "workers", "backend", "chunk_size"]
-_VISION_TOKEN_DEFAULTS = {"image": "<|image_pad|>", "video": "<|video_pad|>", "vision_start": "<|vision_start|>",
-                          "vision_end": "<|vision_end|>"}
+VISION_KEYS = [
+    "patch_size",
+    "temporal_patch_size",
+    "merge_size",
+    "min_pixels",
+    "max_pixels",
+    "mean",
+    "std",
+    "max_image_pixels",
+    "max_images_per_batch",
+    "max_images_per_row",
+    "mrope",
+    "image_token",
+    "video_token",
+    "vision_start_token",
+    "vision_end_token",
+    "workers",
+    "backend",
+    "chunk_size",
+]
+_VISION_TOKEN_DEFAULTS = {
+    "image": "<|image_pad|>",
+    "video": "<|video_pad|>",
+    "vision_start": "<|vision_start|>",
+    "vision_end": "<|vision_end|>",
+}
 
 
 @dataclass(frozen=True)
@@ -164,8 +192,22 @@ class TokenEstimate:
 
 
 DATASET_KEYS = [f.name for f in dataclasses.fields(DatasetSpec)]
-TOP_KEYS = ["seed", "lanes", "seq_len", "global_batch_size", "cache_dir", "tokenizer", "datasets", "pack", "shuffle",
-            "workers", "mixing", "schedule", "tokenize", "vision"]
+TOP_KEYS = [
+    "seed",
+    "lanes",
+    "seq_len",
+    "global_batch_size",
+    "cache_dir",
+    "tokenizer",
+    "datasets",
+    "pack",
+    "shuffle",
+    "workers",
+    "mixing",
+    "schedule",
+    "tokenize",
+    "vision",
+]
 
 
 def _estimation_sample(index: Any, *, seed: int, samples: int, ds_number: int):
@@ -181,9 +223,11 @@ def _estimation_sample(index: Any, *, seed: int, samples: int, ds_number: int):
         yield int(s), (picks[shards == s] - offsets[s]).tolist()
 
 
-def estimate_tokens(index: DatasetIndex, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int) -> TokenEstimate:
+def estimate_tokens(
+    index: DatasetIndex, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int
+) -> TokenEstimate:
     """TokenEstimation: tokenize a seeded sample of a dataset and measure tokens per byte."""
-    texts: List[str] = []
+    texts: list[str] = []
     nbytes = 0
     for s, local in _estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
         rb = index.record_bytes(s)
@@ -195,18 +239,20 @@ def estimate_tokens(index: DatasetIndex, tokenizer: TextTokenizer, *, seed: int,
     if not texts or nbytes == 0:
         return TokenEstimate(tokens_per_byte=1.0, tokens_per_record=float(per_record), sampled=0)
     content = tokenizer.count_tokens(texts) - per_record * len(texts)
-    return TokenEstimate(tokens_per_byte=max(content, 1) / nbytes, tokens_per_record=float(per_record), sampled=len(texts))
+    return TokenEstimate(
+        tokens_per_byte=max(content, 1) / nbytes, tokens_per_record=float(per_record), sampled=len(texts)
+    )
 
 
 @dataclass
 class _Prepared:
-    indexes: List[DatasetIndex]
+    indexes: list[DatasetIndex]
     tokenizer: TextTokenizer
-    estimates: Dict[str, TokenEstimate]
+    estimates: dict[str, TokenEstimate]
     plan: WorkPlan
     fetch: Any
     fingerprint: str
-    special: Dict[str, int] = field(default_factory=dict)  # image placeholder token ids (multimodal)
+    special: dict[str, int] = field(default_factory=dict)  # image placeholder token ids (multimodal)
 
 
 class Recipe:
@@ -231,13 +277,13 @@ class Recipe:
         self.raw = copy.deepcopy(dict(config))
         self.base_dir = os.path.abspath(base_dir)
         self._validate(self.raw)
-        self._prepared: Optional[_Prepared] = None
-        self._adopted: Optional[Dict[str, TokenEstimate]] = None
+        self._prepared: _Prepared | None = None
+        self._adopted: dict[str, TokenEstimate] | None = None
         self._lock = threading.RLock()
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
-    def from_toml(cls, path: str | os.PathLike) -> "Recipe":
+    def from_toml(cls, path: str | os.PathLike) -> Recipe:
         """Read and validate a TOML recipe; relative paths are relative to its folder."""
         path = os.fspath(path)
         try:
@@ -250,12 +296,12 @@ class Recipe:
         return cls(data, base_dir=os.path.dirname(os.path.abspath(path)))
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any], base_dir: str = ".") -> "Recipe":
+    def from_dict(cls, config: Mapping[str, Any], base_dir: str = ".") -> Recipe:
         """Validate a recipe given as a dict (the TOML's structure); relative paths are
         relative to ``base_dir``."""
         return cls(config, base_dir)
 
-    def replace(self, **changes: Any) -> "Recipe":
+    def replace(self, **changes: Any) -> Recipe:
         """A copy with top-level keys replaced (sections are dicts), re-validated."""
         raw = copy.deepcopy(self.raw)
         raw.update(changes)
@@ -267,11 +313,14 @@ class Recipe:
         return os.path.join(self.base_dir, p)
 
     # -- validation -------------------------------------------------------------------------
-    def _validate(self, r: Dict[str, Any]) -> None:
+    def _validate(self, r: dict[str, Any]) -> None:
         _check_keys("the recipe's top level", r, TOP_KEYS)
         for key in ("seed", "lanes", "seq_len", "global_batch_size", "tokenizer", "datasets"):
             if key not in r:
-                raise _fail(f"recipe: missing required key {key!r}" + (" (a [tokenizer] section with path = \"...\")" if key == "tokenizer" else ""))
+                raise _fail(
+                    f"recipe: missing required key {key!r}"
+                    + (' (a [tokenizer] section with path = "...")' if key == "tokenizer" else "")
+                )
         self.seed = _int("", "seed", r["seed"], 0)
         self.lanes = _int("", "lanes", r["lanes"], 1)
         self.seq_len = _int("", "seq_len", r["seq_len"], 8)
@@ -290,13 +339,15 @@ class Recipe:
 
         tok = r["tokenizer"]
         if not isinstance(tok, dict):
-            raise _fail("recipe: [tokenizer] must be a table with path = \"...\"")
+            raise _fail('recipe: [tokenizer] must be a table with path = "..."')
         _check_keys("[tokenizer]", tok, ["path", "add_bos", "add_eos", "bos_token", "eos_token"])
         if "path" not in tok:
-            raise _fail("recipe: [tokenizer] needs path = \"folder with tokenizer.json, or the file itself\"")
+            raise _fail('recipe: [tokenizer] needs path = "folder with tokenizer.json, or the file itself"')
         self.tokenizer_path = self._path(_str("[tokenizer].", "path", tok["path"]))
         if "://" not in self.tokenizer_path and not os.path.exists(self.tokenizer_path):
-            raise _fail(f"recipe: [tokenizer].path {self.tokenizer_path!r} does not exist; point it at a folder with tokenizer.json or at the file")
+            raise _fail(
+                f"recipe: [tokenizer].path {self.tokenizer_path!r} does not exist; point it at a folder with tokenizer.json or at the file"
+            )
         self.add_bos = _bool("[tokenizer].", "add_bos", tok.get("add_bos", True))
         self.add_eos = _bool("[tokenizer].", "add_eos", tok.get("add_eos", True))
         self.bos_token = tok.get("bos_token")
@@ -305,7 +356,7 @@ class Recipe:
         dss = r["datasets"]
         if not isinstance(dss, list) or not dss:
             raise _fail("recipe: [[datasets]] must list at least one dataset")
-        specs: List[DatasetSpec] = []
+        specs: list[DatasetSpec] = []
         for i, d in enumerate(dss):
             where = f"[[datasets]] #{i + 1}"
             if not isinstance(d, dict):
@@ -328,12 +379,14 @@ class Recipe:
             if epochs is not None:
                 epochs = _int(f"{where}.", "epochs", epochs, 1)
                 if policy != "stop":
-                    raise _fail(f"recipe: {where}.epochs only applies with policy = \"stop\" (\"repeat\" cycles forever); set policy = \"stop\" or remove epochs")
+                    raise _fail(
+                        f'recipe: {where}.epochs only applies with policy = "stop" ("repeat" cycles forever); set policy = "stop" or remove epochs'
+                    )
             on_error = _str(f"{where}.", "on_error", d.get("on_error", "raise"), ("raise", "skip"))
             max_skipped = d.get("max_skipped")
             max_frac = d.get("max_skipped_fraction")
             if (max_skipped is not None or max_frac is not None) and on_error != "skip":
-                raise _fail(f"recipe: {where}: max_skipped / max_skipped_fraction only apply with on_error = \"skip\"")
+                raise _fail(f'recipe: {where}: max_skipped / max_skipped_fraction only apply with on_error = "skip"')
             if max_skipped is not None:
                 max_skipped = _int(f"{where}.", "max_skipped", max_skipped, 0)
             if max_frac is not None:
@@ -343,29 +396,39 @@ class Recipe:
             kind = _str(f"{where}.", "kind", d.get("kind", "text"), KINDS)
             if kind == "text":
                 if "image_field" in d:
-                    raise _fail(f"recipe: {where}.image_field only applies to image datasets; set kind = \"image_text\" "
-                                "or \"interleaved\", or remove image_field")
+                    raise _fail(
+                        f'recipe: {where}.image_field only applies to image datasets; set kind = "image_text" '
+                        'or "interleaved", or remove image_field'
+                    )
                 fmt_choices = ("auto",) + tuple(FORMATS)
                 text_default = "text"
             else:
                 fmt_choices = ("auto",) + tuple(MM_FORMATS)
                 text_default = "texts" if kind == "interleaved" else "caption"
                 if "text_mode" in d:
-                    raise _fail(f"recipe: {where}.text_mode only applies to kind = \"text\"; remove it")
+                    raise _fail(f'recipe: {where}.text_mode only applies to kind = "text"; remove it')
             image_field = d.get("image_field")
             if image_field is not None:
                 image_field = _str(f"{where}.", "image_field", image_field)
             elif kind != "text":
                 image_field = "images" if kind == "interleaved" else "image"
-            specs.append(DatasetSpec(
-                name=name, path=path, kind=kind, image_field=image_field,
-                format=_str(f"{where}.", "format", d.get("format", "auto"), fmt_choices),
-                text_field=_str(f"{where}.", "text_field", d.get("text_field", text_default)),
-                text_mode=_str(f"{where}.", "text_mode", d.get("text_mode", "line"), tuple(TEXT_MODES)),
-                weight=_num(f"{where}.", "weight", d.get("weight", 1.0)),
-                policy=policy, epochs=epochs,
-                on_error=on_error, max_skipped=max_skipped, max_skipped_fraction=max_frac,
-            ))
+            specs.append(
+                DatasetSpec(
+                    name=name,
+                    path=path,
+                    kind=kind,
+                    image_field=image_field,
+                    format=_str(f"{where}.", "format", d.get("format", "auto"), fmt_choices),
+                    text_field=_str(f"{where}.", "text_field", d.get("text_field", text_default)),
+                    text_mode=_str(f"{where}.", "text_mode", d.get("text_mode", "line"), tuple(TEXT_MODES)),
+                    weight=_num(f"{where}.", "weight", d.get("weight", 1.0)),
+                    policy=policy,
+                    epochs=epochs,
+                    on_error=on_error,
+                    max_skipped=max_skipped,
+                    max_skipped_fraction=max_frac,
+                )
+            )
         names = [s.name for s in specs]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -402,12 +465,13 @@ class Recipe:
 
         tokw = r.get("tokenize", {})
         _check_keys("[tokenize]", tokw, ["workers", "backend"])
-        self.tokenize_workers: Optional[WorkerConfig] = None
+        self.tokenize_workers: WorkerConfig | None = None
         if tokw:
             self.tokenize_workers = WorkerConfig(
                 count=_int("[tokenize].", "workers", tokw.get("workers", self.workers.count), 0),
                 backend=_str("[tokenize].", "backend", tokw.get("backend", self.workers.backend), BACKENDS),
-                timeout_s=self.workers.timeout_s, start_method=self.workers.start_method,
+                timeout_s=self.workers.timeout_s,
+                start_method=self.workers.start_method,
             )
 
         self._validate_vision(r.get("vision", {}))
@@ -422,8 +486,10 @@ class Recipe:
 
         sched = r.get("schedule", [])
         if not isinstance(sched, list):
-            raise _fail("recipe: [[schedule]] entries must be an array of tables with step = N and weights = {name = w}")
-        phases: List[Tuple[int, List[float]]] = [(0, [s.weight for s in specs])]
+            raise _fail(
+                "recipe: [[schedule]] entries must be an array of tables with step = N and weights = {name = w}"
+            )
+        phases: list[tuple[int, list[float]]] = [(0, [s.weight for s in specs])]
         for i, ph in enumerate(sched):
             where = f"[[schedule]] #{i + 1}"
             if not isinstance(ph, dict):
@@ -437,7 +503,9 @@ class Recipe:
                 raise _fail(f"recipe: {where}.weights names unknown dataset {unknown[0]!r}; datasets are {names}")
             w = [_num(f"{where}.weights.", n, ph["weights"].get(n, 0.0)) for n in names]
             if phases and step <= phases[-1][0]:
-                raise _fail(f"recipe: {where}.step = {step} must be larger than the previous phase's step {phases[-1][0]}")
+                raise _fail(
+                    f"recipe: {where}.step = {step} must be larger than the previous phase's step {phases[-1][0]}"
+                )
             phases.append((step, w))
         try:
             self.schedule = WeightSchedule(phases)
@@ -458,19 +526,28 @@ class Recipe:
         max_px = _int(sec, "max_pixels", v.get("max_pixels", d.max_pixels), 1)
         factor = patch * merge
         if max_px < factor * factor:
-            raise _fail(f"recipe: [vision].max_pixels = {max_px} is below one merged patch ({factor}x{factor} = "
-                        f"{factor * factor} pixels for patch_size {patch} x merge_size {merge}); raise max_pixels")
+            raise _fail(
+                f"recipe: [vision].max_pixels = {max_px} is below one merged patch ({factor}x{factor} = "
+                f"{factor * factor} pixels for patch_size {patch} x merge_size {merge}); raise max_pixels"
+            )
         if min_px > max_px:
             raise _fail(f"recipe: [vision].min_pixels = {min_px} is above max_pixels = {max_px}; lower min_pixels")
 
-        def triple(key: str, default: Tuple[float, ...], positive: bool) -> Tuple[float, float, float]:
+        def triple(key: str, default: tuple[float, ...], positive: bool) -> tuple[float, float, float]:
             val = v.get(key, list(default))
             if not isinstance(val, list) or len(val) != 3:
                 raise _fail(f"recipe: [vision].{key} must be a list of 3 numbers (R, G, B), got {val!r}")
             out = []
             for x in val:
-                if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or (positive and x <= 0):
-                    raise _fail(f"recipe: [vision].{key} must be 3 finite numbers{' > 0' if positive else ''}, got {val!r}")
+                if (
+                    isinstance(x, bool)
+                    or not isinstance(x, (int, float))
+                    or not math.isfinite(x)
+                    or (positive and x <= 0)
+                ):
+                    raise _fail(
+                        f"recipe: [vision].{key} must be 3 finite numbers{' > 0' if positive else ''}, got {val!r}"
+                    )
                 out.append(float(x))
             return (out[0], out[1], out[2])
 
@@ -480,22 +557,35 @@ class Recipe:
         mib = _int(sec, "max_images_per_batch", v.get("max_images_per_batch", d.max_images_per_batch), 1)
         mir = _int(sec, "max_images_per_row", v.get("max_images_per_row", d.max_images_per_row), 0)
         mrope = _bool(sec, "mrope", v.get("mrope", d.mrope))
-        self.vision = VisionConfig(patch_size=patch, temporal_patch_size=tps, merge_size=merge, min_pixels=min_px,
-                                   max_pixels=max_px, mean=mean, std=std, max_image_pixels=max_img_px,
-                                   max_images_per_batch=mib, max_images_per_row=mir, mrope=mrope)
-        self.vision_tokens = {name: _str(sec, f"{name}_token", v.get(f"{name}_token", default))
-                              for name, default in _VISION_TOKEN_DEFAULTS.items()}
-        self.vision_workers: Optional[WorkerConfig] = None
+        self.vision = VisionConfig(
+            patch_size=patch,
+            temporal_patch_size=tps,
+            merge_size=merge,
+            min_pixels=min_px,
+            max_pixels=max_px,
+            mean=mean,
+            std=std,
+            max_image_pixels=max_img_px,
+            max_images_per_batch=mib,
+            max_images_per_row=mir,
+            mrope=mrope,
+        )
+        self.vision_tokens = {
+            name: _str(sec, f"{name}_token", v.get(f"{name}_token", default))
+            for name, default in _VISION_TOKEN_DEFAULTS.items()
+        }
+        self.vision_workers: WorkerConfig | None = None
         if "workers" in v or "backend" in v:
             self.vision_workers = WorkerConfig(
                 count=_int(sec, "workers", v.get("workers", self.workers.count), 0),
                 backend=_str(sec, "backend", v.get("backend", self.workers.backend), BACKENDS),
-                timeout_s=self.workers.timeout_s, start_method=self.workers.start_method,
+                timeout_s=self.workers.timeout_s,
+                start_method=self.workers.start_method,
             )
         self.vision_chunk_size = _int(sec, "chunk_size", v.get("chunk_size", 8), 1)
 
     # -- identity ---------------------------------------------------------------------------
-    def data_definition(self) -> Dict[str, Any]:
+    def data_definition(self) -> dict[str, Any]:
         """Everything that defines the data (not workers, not the cache folder)."""
         datasets = []
         for s in self.datasets:
@@ -505,11 +595,15 @@ class Recipe:
                     d.pop(k)
             datasets.append(d)
         out = {
-            "seed": self.seed, "lanes": self.lanes, "seq_len": self.seq_len, "global_batch_size": self.global_batch_size,
+            "seed": self.seed,
+            "lanes": self.lanes,
+            "seq_len": self.seq_len,
+            "global_batch_size": self.global_batch_size,
             "tokenizer": {"add_bos": self.add_bos, "add_eos": self.add_eos},
             "datasets": datasets,
             "pack": [self.pack_algorithm, self.pack_flush_every, self.pack_max_open],
-            "shuffle": self.shuffle_buffer, "mixing": [self.mix_by, self.estimate_samples, self.split_tokens],
+            "shuffle": self.shuffle_buffer,
+            "mixing": [self.mix_by, self.estimate_samples, self.split_tokens],
             "schedule": self.schedule.phases,
         }
         if self.multimodal:
@@ -517,7 +611,7 @@ class Recipe:
         return out
 
     # -- preparation (I/O: indexing, tokenizer, estimation) ---------------------------------
-    def prepare(self, progress: Optional[bool] = None) -> _Prepared:
+    def prepare(self, progress: bool | None = None) -> _Prepared:
         """Index the datasets, load the tokenizer and estimate tokens (once per Recipe object)."""
         with self._lock:
             if self._prepared is not None:
@@ -527,16 +621,33 @@ class Recipe:
             except (OSError, ValueError) as e:
                 raise RecipeError(f"recipe: [tokenizer]: {e}") from None
             indexes = [
-                index_dataset(s.name, s.path, format=s.format, text_field=s.text_field, text_mode=s.text_mode,
-                              cache_dir=self.cache_dir, progress=progress) if s.kind == "text" else
-                index_multimodal(s.name, s.path, kind=s.kind, format=s.format, text_field=s.text_field,
-                                 image_field=s.image_field, cache_dir=self.cache_dir)
+                index_dataset(
+                    s.name,
+                    s.path,
+                    format=s.format,
+                    text_field=s.text_field,
+                    text_mode=s.text_mode,
+                    cache_dir=self.cache_dir,
+                    progress=progress,
+                )
+                if s.kind == "text"
+                else index_multimodal(
+                    s.name,
+                    s.path,
+                    kind=s.kind,
+                    format=s.format,
+                    text_field=s.text_field,
+                    image_field=s.image_field,
+                    cache_dir=self.cache_dir,
+                )
                 for s in self.datasets
             ]
             special = self._special_ids(tok) if self.multimodal else {}
             for s, ix in zip(self.datasets, indexes):
                 if ix.num_records == 0:
-                    raise RecipeError(f"recipe: dataset {s.name!r} has no records at {s.path!r}; fix the path or remove the dataset")
+                    raise RecipeError(
+                        f"recipe: dataset {s.name!r} has no records at {s.path!r}; fix the path or remove the dataset"
+                    )
             if self._adopted is not None:
                 estimates = dict(self._adopted)
             else:
@@ -555,18 +666,34 @@ class Recipe:
                 h.update(ix.fingerprint.encode())
             h.update(tok.fingerprint.encode())
             if self.multimodal:
-                fetch: Any = FetchVision(indexes, [s.kind for s in self.datasets], tok, self.vision, special,
-                                         on_error=[s.on_error for s in self.datasets], row_len=self.seq_len + 1)
+                fetch: Any = FetchVision(
+                    indexes,
+                    [s.kind for s in self.datasets],
+                    tok,
+                    self.vision,
+                    special,
+                    on_error=[s.on_error for s in self.datasets],
+                    row_len=self.seq_len + 1,
+                )
             else:
-                fetch = FetchTokenize(indexes, tok, [s.on_error for s in self.datasets],
-                                      align=1 if self.pack_algorithm == "greedy" else self.seq_len + 1)
+                fetch = FetchTokenize(
+                    indexes,
+                    tok,
+                    [s.on_error for s in self.datasets],
+                    align=1 if self.pack_algorithm == "greedy" else self.seq_len + 1,
+                )
             self._prepared = _Prepared(
-                indexes=indexes, tokenizer=tok, estimates=estimates, plan=self._plan(indexes, estimates),
-                fetch=fetch, fingerprint=h.hexdigest()[:32], special=special,
+                indexes=indexes,
+                tokenizer=tok,
+                estimates=estimates,
+                plan=self._plan(indexes, estimates),
+                fetch=fetch,
+                fingerprint=h.hexdigest()[:32],
+                special=special,
             )
             return self._prepared
 
-    def _special_ids(self, tok: TextTokenizer) -> Dict[str, int]:
+    def _special_ids(self, tok: TextTokenizer) -> dict[str, int]:
         """Token ids of the image placeholder tokens (``[vision].*_token``), checked."""
         out = {}
         for name, text in self.vision_tokens.items():
@@ -575,13 +702,16 @@ class Recipe:
                 raise RecipeError(
                     f"recipe: [vision].{name}_token = {text!r} is not a token of the tokenizer at "
                     f"{self.tokenizer_path!r}; add it to the tokenizer as a special token (as Qwen-VL tokenizers have), "
-                    f"or set [vision].{name}_token to a special token it has")
+                    f"or set [vision].{name}_token to a special token it has"
+                )
             out[name] = int(i)
         if len(set(out.values())) != len(out):
             raise RecipeError(f"recipe: [vision] placeholder tokens must be distinct tokens, got ids {out}")
         bad = [n for n, i in out.items() if i in (tok.bos_id, tok.eos_id)]
         if bad:
-            raise RecipeError(f"recipe: [vision].{bad[0]}_token is the tokenizer's BOS/EOS token; use a dedicated token")
+            raise RecipeError(
+                f"recipe: [vision].{bad[0]}_token is the tokenizer's BOS/EOS token; use a dedicated token"
+            )
         return out
 
     def _plan(self, indexes: Sequence[DatasetIndex], estimates: Mapping[str, TokenEstimate]) -> WorkPlan:
@@ -592,19 +722,52 @@ class Recipe:
                 # plan by estimated tokens per record: text (measured tokens/byte) + exact image
                 # placeholder counts from the indexed image sizes; image samples are never split
                 est = estimates[s.name]
-                plans.append(DatasetPlan(s.name, sizes, _MMTokens(ix, est, self.vision), tokens_per_byte=1.0,
-                                         tokens_per_record=0.0, policy=s.policy, epochs=s.epochs, split_tokens=None))
+                plans.append(
+                    DatasetPlan(
+                        s.name,
+                        sizes,
+                        _MMTokens(ix, est, self.vision),
+                        tokens_per_byte=1.0,
+                        tokens_per_record=0.0,
+                        policy=s.policy,
+                        epochs=s.epochs,
+                        split_tokens=None,
+                    )
+                )
             elif self.mix_by == "tokens":
                 est = estimates[s.name]
-                plans.append(DatasetPlan(s.name, sizes, ix.record_bytes, tokens_per_byte=est.tokens_per_byte,
-                                         tokens_per_record=est.tokens_per_record, policy=s.policy, epochs=s.epochs,
-                                         split_tokens=self.split_tokens or None))
+                plans.append(
+                    DatasetPlan(
+                        s.name,
+                        sizes,
+                        ix.record_bytes,
+                        tokens_per_byte=est.tokens_per_byte,
+                        tokens_per_record=est.tokens_per_record,
+                        policy=s.policy,
+                        epochs=s.epochs,
+                        split_tokens=self.split_tokens or None,
+                    )
+                )
             else:
                 ones = _Ones(sizes)
-                plans.append(DatasetPlan(s.name, sizes, ones, tokens_per_byte=1.0, tokens_per_record=0.0,
-                                         policy=s.policy, epochs=s.epochs))
-        return WorkPlan(plans, seed=self.seed, lanes=self.lanes, schedule=self.schedule,
-                        tokens_per_step=self.rows_per_lane * self.seq_len)
+                plans.append(
+                    DatasetPlan(
+                        s.name,
+                        sizes,
+                        ones,
+                        tokens_per_byte=1.0,
+                        tokens_per_record=0.0,
+                        policy=s.policy,
+                        epochs=s.epochs,
+                    )
+                )
+        return WorkPlan(
+            plans,
+            seed=self.seed,
+            lanes=self.lanes,
+            schedule=self.schedule,
+            tokens_per_step=self.rows_per_lane * self.seq_len,
+        )
 
     @property
     def fingerprint(self) -> str:
@@ -618,33 +781,35 @@ class Recipe:
         return self.prepare().tokenizer
 
     @property
-    def estimates(self) -> Dict[str, TokenEstimate]:
+    def estimates(self) -> dict[str, TokenEstimate]:
         """Measured tokens per byte per dataset (or the ones adopted from a checkpoint)."""
         return dict(self.prepare().estimates)
 
     @property
-    def indexes(self) -> List[DatasetIndex]:
+    def indexes(self) -> list[DatasetIndex]:
         """The datasets' shard indexes, in recipe order."""
         return list(self.prepare().indexes)
 
-    def lane_context(self, lane: int, workers: Optional[WorkerConfig] = None) -> LaneContext:
+    def lane_context(self, lane: int, workers: WorkerConfig | None = None) -> LaneContext:
         """The context ``build_lane`` needs for ``lane`` of this recipe (seed and lanes filled in)."""
         if not 0 <= lane < self.lanes:
             raise ValueError(f"lane must be in [0, {self.lanes}), got {lane}")
         return LaneContext(seed=self.seed, lane=lane, lanes=self.lanes, workers=workers or self.workers)
 
     # -- checkpoint-carried derived values ---------------------------------------------------
-    def shared_state(self) -> Dict[str, Any]:
+    def shared_state(self) -> dict[str, Any]:
         """The rank-independent part of a checkpoint: token estimates and the data and
         tokenizer fingerprints (see :meth:`adopt_shared`)."""
         p = self.prepare()
         return {
-            "token_estimates": {k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(p.estimates.items())},
+            "token_estimates": {
+                k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(p.estimates.items())
+            },
             "data": {s.name: ix.fingerprint[:16] for s, ix in zip(self.datasets, p.indexes)},
             "tokenizer": p.tokenizer.fingerprint[:16],
         }
 
-    def adopt_shared(self, shared: Dict[str, Any]) -> bool:
+    def adopt_shared(self, shared: dict[str, Any]) -> bool:
         """Check a checkpoint's data and tokenizer against ours (naming what changed), then use
         its token estimates; True if they differ from ours."""
         p = self.prepare()
@@ -668,7 +833,9 @@ class Recipe:
             return False
         names = sorted(s.name for s in self.datasets)
         if not isinstance(raw, dict) or sorted(raw) != names:
-            raise StateError(f"checkpoint token estimates are for datasets {sorted(raw) if isinstance(raw, dict) else raw!r}, the recipe has {names}")
+            raise StateError(
+                f"checkpoint token estimates are for datasets {sorted(raw) if isinstance(raw, dict) else raw!r}, the recipe has {names}"
+            )
         adopted = {k: TokenEstimate(float(v[0]), float(v[1]), int(v[2])) for k, v in raw.items()}
         with self._lock:
             current = self.prepare().estimates
@@ -687,15 +854,27 @@ class Recipe:
         if self.multimodal:
             return self._build_mm_lane(ctx, p)
         node, pad = self._lane_front(ctx, p, self.tokenize_workers or ctx.workers, self.chunk_size, "fetch+tokenize")
-        node = Pack(node, seq_len=self.seq_len, algorithm=self.pack_algorithm, flush_every=self.pack_flush_every,
-                    pad_id=pad, max_open=self.pack_max_open)
+        node = Pack(
+            node,
+            seq_len=self.seq_len,
+            algorithm=self.pack_algorithm,
+            flush_every=self.pack_flush_every,
+            pad_id=pad,
+            max_open=self.pack_max_open,
+        )
         if self.shuffle_buffer > 1:
-            node = WindowShuffle(node, buffer=self.shuffle_buffer, seed=self.seed, lane=ctx.lane,
-                                 phase=(ctx.lane * self.shuffle_buffer) // self.lanes)
+            node = WindowShuffle(
+                node,
+                buffer=self.shuffle_buffer,
+                seed=self.seed,
+                lane=ctx.lane,
+                phase=(ctx.lane * self.shuffle_buffer) // self.lanes,
+            )
         return Batch(node, batch_size=self.rows_per_lane)
 
-    def _lane_front(self, ctx: LaneContext, p: _Prepared, wc: WorkerConfig, chunk: int, name: str,
-                    per_worker: int = 16):
+    def _lane_front(
+        self, ctx: LaneContext, p: _Prepared, wc: WorkerConfig, chunk: int, name: str, per_worker: int = 16
+    ):
         """WorkSource -> OrderedMapper(p.fetch) -> SkipCounter, shared by text and VLM lanes; and the pad id.
 
         ``per_worker``: chunks a rank's lanes may hold in flight per worker (text chunks are tens of
@@ -704,26 +883,54 @@ class Recipe:
             # with our own workers, the tokenizer's internal thread pool only serialises them
             set_tokenizers_parallelism(False)
         node: Any = LaneWorkSource(p.plan, ctx.lane)
-        node = OrderedMapper(node, batch_fn=p.fetch, workers=wc, pool=ctx.pool(wc), chunk_size=chunk,
-                             max_in_flight=ctx.max_in_flight(wc, per_worker), lane=ctx.lane, name=name)
-        node = SkipCounter(node, dataset_names=[s.name for s in self.datasets], lanes=self.lanes,
-                           max_skipped=[s.max_skipped for s in self.datasets],
-                           max_fraction=[s.max_skipped_fraction for s in self.datasets],
-                           shard_names=[[sh.path for sh in ix.shards] for ix in p.indexes])
+        node = OrderedMapper(
+            node,
+            batch_fn=p.fetch,
+            workers=wc,
+            pool=ctx.pool(wc),
+            chunk_size=chunk,
+            max_in_flight=ctx.max_in_flight(wc, per_worker),
+            lane=ctx.lane,
+            name=name,
+        )
+        node = SkipCounter(
+            node,
+            dataset_names=[s.name for s in self.datasets],
+            lanes=self.lanes,
+            max_skipped=[s.max_skipped for s in self.datasets],
+            max_fraction=[s.max_skipped_fraction for s in self.datasets],
+            shard_names=[[sh.path for sh in ix.shards] for ix in p.indexes],
+        )
         pad = p.tokenizer.pad_id if p.tokenizer.pad_id is not None else (p.tokenizer.eos_id or 0)
         return node, pad
 
     def _build_mm_lane(self, ctx: LaneContext, p: _Prepared):
         """WorkSource -> OrderedMapper(FetchVision) -> SkipCounter -> MMPack -> WindowShuffle (of micro-batches)."""
-        node, pad = self._lane_front(ctx, p, self.vision_workers or self.tokenize_workers or ctx.workers,
-                                     self.vision_chunk_size, "fetch+vision", per_worker=8)
-        node = MMPack(node, seq_len=self.seq_len, rows=self.rows_per_lane, patch_dim=self.vision.patch_dim,
-                      max_images_per_batch=self.vision.max_images_per_batch,
-                      max_images_per_row=self.vision.max_images_per_row, flush_every=self.pack_flush_every,
-                      pad_id=pad, ignore_ids=list(p.special.values()), mrope=self.vision.mrope)
+        node, pad = self._lane_front(
+            ctx,
+            p,
+            self.vision_workers or self.tokenize_workers or ctx.workers,
+            self.vision_chunk_size,
+            "fetch+vision",
+            per_worker=8,
+        )
+        node = MMPack(
+            node,
+            seq_len=self.seq_len,
+            rows=self.rows_per_lane,
+            patch_dim=self.vision.patch_dim,
+            max_images_per_batch=self.vision.max_images_per_batch,
+            max_images_per_row=self.vision.max_images_per_row,
+            flush_every=self.pack_flush_every,
+            pad_id=pad,
+            ignore_ids=list(p.special.values()),
+            mrope=self.vision.mrope,
+        )
         buffer = -(-self.shuffle_buffer // self.rows_per_lane)  # in micro-batches
         if buffer > 1:
-            node = WindowShuffle(node, buffer=buffer, seed=self.seed, lane=ctx.lane, phase=(ctx.lane * buffer) // self.lanes)
+            node = WindowShuffle(
+                node, buffer=buffer, seed=self.seed, lane=ctx.lane, phase=(ctx.lane * buffer) // self.lanes
+            )
         return node
 
     def prefetch_depth(self, world_size: int) -> int:
@@ -735,20 +942,37 @@ class Recipe:
         per_step = (self.lanes // world_size) * self.rows_per_lane
         return max(2, -(-self.shuffle_buffer // per_step) + 1) if self.shuffle_buffer > 1 else 2
 
-    def router(self, world_size: int = 1, rank: int = 0, workers: Optional[WorkerConfig] = None, **kw: Any) -> Router:
+    def router(self, world_size: int = 1, rank: int = 0, workers: WorkerConfig | None = None, **kw: Any) -> Router:
         """This rank's loader (a torchdata node yielding its local batches)."""
         check_world_size(self.lanes, world_size)
         kw.setdefault("prefetch", self.prefetch_depth(world_size))
-        return Router(self.build_lane, lanes=self.lanes, world_size=world_size, rank=rank, seed=self.seed,
-                      fingerprint=self.fingerprint, workers=workers or self.workers,
-                      shared_state=self.shared_state, adopt_shared=self.adopt_shared, **kw)
+        return Router(
+            self.build_lane,
+            lanes=self.lanes,
+            world_size=world_size,
+            rank=rank,
+            seed=self.seed,
+            fingerprint=self.fingerprint,
+            workers=workers or self.workers,
+            shared_state=self.shared_state,
+            adopt_shared=self.adopt_shared,
+            **kw,
+        )
 
-    def global_loader(self, world_size: int = 1, workers: Optional[WorkerConfig] = None, **kw: Any) -> GlobalLoader:
+    def global_loader(self, world_size: int = 1, workers: WorkerConfig | None = None, **kw: Any) -> GlobalLoader:
         """All ``world_size`` ranks in this process: yields global batches (tests, hashes)."""
         kw.setdefault("prefetch", self.prefetch_depth(world_size))
-        return GlobalLoader(self.build_lane, lanes=self.lanes, world_size=world_size, seed=self.seed,
-                            fingerprint=self.fingerprint, workers=workers or self.workers,
-                            shared_state=self.shared_state, adopt_shared=self.adopt_shared, **kw)
+        return GlobalLoader(
+            self.build_lane,
+            lanes=self.lanes,
+            world_size=world_size,
+            seed=self.seed,
+            fingerprint=self.fingerprint,
+            workers=workers or self.workers,
+            shared_state=self.shared_state,
+            adopt_shared=self.adopt_shared,
+            **kw,
+        )
 
     def _repr_html_(self) -> str:
         import html as _html
@@ -757,7 +981,8 @@ class Recipe:
             f"<tr><td>{_html.escape(s.name)}</td><td>{_html.escape(s.kind if hasattr(s, 'kind') else 'text')}</td>"
             f"<td>{_html.escape(s.format)}</td><td>{s.weight:g}</td><td>{_html.escape(s.policy)}</td>"
             f"<td>{_html.escape(s.on_error)}</td><td><code>{_html.escape(str(s.path))}</code></td></tr>"
-            for s in self.datasets)
+            for s in self.datasets
+        )
         return (
             f'<div class="zephon-recipe"><b>Recipe</b>: seed {self.seed} &middot; {self.lanes} lanes &middot; '
             f"seq_len {self.seq_len} &middot; global batch {self.global_batch_size} rows "
@@ -770,11 +995,13 @@ class Recipe:
 
     def __repr__(self) -> str:
         ds = ", ".join(f"{s.name}={s.weight:g}" for s in self.datasets)
-        return (f"Recipe(seed={self.seed}, lanes={self.lanes}, seq_len={self.seq_len}, global_batch_size={self.global_batch_size}, "
-                f"datasets=[{ds}], pack={self.pack_algorithm}, shuffle={self.shuffle_buffer}, workers={self.workers.count} {self.workers.backend})")
+        return (
+            f"Recipe(seed={self.seed}, lanes={self.lanes}, seq_len={self.seq_len}, global_batch_size={self.global_batch_size}, "
+            f"datasets=[{ds}], pack={self.pack_algorithm}, shuffle={self.shuffle_buffer}, workers={self.workers.count} {self.workers.backend})"
+        )
 
 
-def _migrate_text_lane_v1(state: Dict[str, Any]) -> Dict[str, Any]:
+def _migrate_text_lane_v1(state: dict[str, Any]) -> dict[str, Any]:
     """Format 1 -> 2 for text lanes: insert a skip_counter (counts start at 0) under the pack."""
     node = state
     while isinstance(node, dict) and node.get("type") != "pack":
@@ -786,8 +1013,14 @@ def _migrate_text_lane_v1(state: Dict[str, Any]) -> Dict[str, Any]:
         return state
     src = mapper.get("anchor", {})
     n = len(src.get("count", [])) if isinstance(src, dict) else 0
-    node["anchor"] = {"type": "skip_counter", "version": 1, "upstream": mapper, "seen": [0] * n, "skipped": [0] * n,
-                      "detail": []}
+    node["anchor"] = {
+        "type": "skip_counter",
+        "version": 1,
+        "upstream": mapper,
+        "seen": [0] * n,
+        "skipped": [0] * n,
+        "detail": [],
+    }
     if isinstance(src, dict) and src.get("type") == "work_source" and "part" not in src:
         src["part"] = [0] * n
     return state
@@ -796,9 +1029,11 @@ def _migrate_text_lane_v1(state: Dict[str, Any]) -> Dict[str, Any]:
 register_lane_migration(1, _migrate_text_lane_v1)
 
 
-def estimate_mm_tokens(index: Any, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int) -> TokenEstimate:
+def estimate_mm_tokens(
+    index: Any, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int
+) -> TokenEstimate:
     """Text tokens per text byte of an image-text dataset, from a seeded sample of records."""
-    texts: List[str] = []
+    texts: list[str] = []
     nbytes = 0
     records = 0
     for s, local in _estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
@@ -824,16 +1059,21 @@ class _MMTokens:
 
     def __init__(self, index: Any, est: TokenEstimate, vision: Any) -> None:
         self.index, self.est, self.vision = index, est, vision
-        self._cache: Dict[int, np.ndarray] = {}
+        self._cache: dict[int, np.ndarray] = {}
 
     def __call__(self, shard: int) -> np.ndarray:
         a = self._cache.get(shard)
         if a is None:
-            text = self.index.record_bytes(shard).astype(np.float64) * self.est.tokens_per_byte + self.est.tokens_per_record
+            text = (
+                self.index.record_bytes(shard).astype(np.float64) * self.est.tokens_per_byte
+                + self.est.tokens_per_record
+            )
             n_img, ws, hs = self.index.image_sizes(shard)
             per_image = np.array([self.vision.image_tokens(int(w), int(h)) + 2 for w, h in zip(ws, hs)], np.float64)
             owner = np.repeat(np.arange(len(n_img)), n_img)
-            img = np.bincount(owner, weights=per_image, minlength=len(n_img)) if per_image.size else np.zeros(len(n_img))
+            img = (
+                np.bincount(owner, weights=per_image, minlength=len(n_img)) if per_image.size else np.zeros(len(n_img))
+            )
             a = self._cache[shard] = np.maximum(1, np.rint(text + img)).astype(np.int64)
         return a
 
@@ -843,7 +1083,7 @@ class _Ones:
 
     def __init__(self, sizes: Sequence[int]) -> None:
         self.sizes = list(sizes)
-        self._cache: Dict[int, np.ndarray] = {}
+        self._cache: dict[int, np.ndarray] = {}
 
     def __call__(self, shard: int) -> np.ndarray:
         a = self._cache.get(shard)

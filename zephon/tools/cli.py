@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import numpy as np
 
@@ -35,15 +35,27 @@ __all__ = ["main", "run_hashes"]
 STATE_FILE = "zephon_state.json"
 
 
-def _workers(recipe: Any, count: Optional[int], backend: Optional[str]):
+def _workers(recipe: Any, count: int | None, backend: str | None):
     w = recipe.workers
-    return WorkerConfig(count=w.count if count is None else count, backend=backend or w.backend,
-                        timeout_s=w.timeout_s, start_method=w.start_method)
+    return WorkerConfig(
+        count=w.count if count is None else count,
+        backend=backend or w.backend,
+        timeout_s=w.timeout_s,
+        start_method=w.start_method,
+    )
 
 
-def run_hashes(recipe: Any, *, world_size: int = 1, steps: int = 10, workers: Any = None,
-               save_at: Optional[int] = None, checkpoint: Optional[str] = None, resume: Optional[str] = None,
-               out: Any = None) -> List[str]:
+def run_hashes(
+    recipe: Any,
+    *,
+    world_size: int = 1,
+    steps: int = 10,
+    workers: Any = None,
+    save_at: int | None = None,
+    checkpoint: str | None = None,
+    resume: str | None = None,
+    out: Any = None,
+) -> list[str]:
     """Print ``step <t> <sha256>`` for each global batch; optionally save or resume lane-keyed state.
 
     Why: comparing these lines between runs on different world sizes (or after a resume) is the
@@ -90,7 +102,7 @@ def _demo(args: argparse.Namespace) -> int:
     for i in range(3):
         print(f"  row {i}: " + format_row(p.tokenizer, {k: v[i] for k, v in first.items()}, names, width=240))
     print()
-    table: Dict[str, List[str]] = {}
+    table: dict[str, list[str]] = {}
     for world in (1, 2, 4, 8):
         for workers in (WorkerConfig(0), WorkerConfig(2, "thread")):
             with recipe.global_loader(world, workers=workers) as g:
@@ -107,13 +119,15 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"{k:<32} " + " ".join(f"{h:<10}" for h in v))
     same = len({tuple(v) for v in table.values()}) == 1
     print()
-    print(f"global-batch SHA-256 identical across world sizes, workers and resume: {'YES' if same else 'NO'} "
-          f"({time.time() - t0:.1f} s)")
+    print(
+        f"global-batch SHA-256 identical across world sizes, workers and resume: {'YES' if same else 'NO'} "
+        f"({time.time() - t0:.1f} s)"
+    )
     print(f"next: zephon inspect {os.path.join(recipe.base_dir, 'demo.toml')} --show 2")
     return 0 if same else 1
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the ``zephon`` command with ``argv`` (default: ``sys.argv[1:]``); the exit status.
 
     >>> import tempfile
@@ -154,22 +168,31 @@ def main(argv: Optional[List[str]] = None) -> int:
             if (args.save_at is None) != (args.checkpoint is None):
                 parser.error("--save-at and --checkpoint go together")
             check_world_size(recipe.lanes, args.world_size)
-            run_hashes(recipe, world_size=args.world_size, steps=args.steps,
-                       workers=_workers(recipe, args.workers, args.backend), save_at=args.save_at,
-                       checkpoint=args.checkpoint, resume=args.resume)
+            run_hashes(
+                recipe,
+                world_size=args.world_size,
+                steps=args.steps,
+                workers=_workers(recipe, args.workers, args.backend),
+                save_at=args.save_at,
+                checkpoint=args.checkpoint,
+                resume=args.resume,
+            )
             return 0
         if args.cmd == "inspect":
             print(describe_plan(recipe, args.world_size))
-            p = recipe.prepare()
+            recipe.prepare()
             names = [d.name for d in recipe.datasets]
             with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
                 batches = [next(g) for _ in range(args.measure_steps)]
             valid = sum(int((b["document_ids"] >= 0).sum()) for b in batches)
             total = sum(b["document_ids"].size for b in batches)
-            per_ds = np.bincount(np.concatenate([b["dataset"][b["dataset"] >= 0].ravel() for b in batches]),
-                                 minlength=len(names)) / max(valid, 1)
-            print(f"packing efficiency over the first {len(batches)} steps: {valid / max(total, 1):.2%} non-padding tokens; "
-                  "realized token shares: " + ", ".join(f"{n} {s:.3f}" for n, s in zip(names, per_ds)))
+            per_ds = np.bincount(
+                np.concatenate([b["dataset"][b["dataset"] >= 0].ravel() for b in batches]), minlength=len(names)
+            ) / max(valid, 1)
+            print(
+                f"packing efficiency over the first {len(batches)} steps: {valid / max(total, 1):.2%} non-padding tokens; "
+                "realized token shares: " + ", ".join(f"{n} {s:.3f}" for n, s in zip(names, per_ds))
+            )
             if args.show:
                 b = batches[0]
                 print()

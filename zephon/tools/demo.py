@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from zephon.data import BUNDLED_TOKENIZER
 from zephon.recipe import Recipe
 
-__all__ = ["TOKENIZER_DIR", "demo_root", "write_demo_recipe", "demo_recipe"]
+__all__ = ["TOKENIZER_DIR", "demo_recipe", "demo_root", "write_demo_recipe"]
 
 TOKENIZER_DIR = BUNDLED_TOKENIZER  # the bundled BPE (zephon.data.BUNDLED_TOKENIZER)
 
@@ -56,7 +55,7 @@ backend = "thread"
 """
 
 
-def demo_root(root: Optional[str] = None) -> str:
+def demo_root(root: str | None = None) -> str:
     """Where the demo data lives: ``root`` if given, else ``$ZEPHON_CACHE_DIR/demo`` (default
     ``~/.cache/zephon/demo``).
 
@@ -69,7 +68,7 @@ def demo_root(root: Optional[str] = None) -> str:
     return os.path.join(base, "demo")
 
 
-def write_demo_recipe(root: Optional[str] = None, scale: float = 1.0) -> str:
+def write_demo_recipe(root: str | None = None, scale: float = 1.0) -> str:
     """Generate the demo corpus (idempotent) and write ``demo.toml`` beside it; return its path."""
     from .synth import make_demo_corpus
 
@@ -84,7 +83,7 @@ def write_demo_recipe(root: Optional[str] = None, scale: float = 1.0) -> str:
     return path
 
 
-def demo_recipe(root: Optional[str] = None, scale: float = 1.0) -> Recipe:
+def demo_recipe(root: str | None = None, scale: float = 1.0) -> Recipe:
     """The demo recipe, ready to use (data generated on first call).
 
     >>> import tempfile

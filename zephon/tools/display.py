@@ -48,21 +48,40 @@ from __future__ import annotations
 import base64
 import html
 import io
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from zephon.data import image_header_size
 from zephon.engine import LaneContext, lanes_of_rank, valid_world_sizes
 
-__all__ = ["BatchView", "Explanation", "explain", "show", "provenance", "PALETTE", "unpatchify", "denormalize",
-           "thumbnail_size", "png_base64", "image_blocks", "image_label", "row_pieces", "row_images", "is_multimodal",
-           "format_row", "format_batch_rows", "describe_plan", "MM_BATCH_FIELDS"]
+__all__ = [
+    "MM_BATCH_FIELDS",
+    "PALETTE",
+    "BatchView",
+    "Explanation",
+    "denormalize",
+    "describe_plan",
+    "explain",
+    "format_batch_rows",
+    "format_row",
+    "image_blocks",
+    "image_label",
+    "is_multimodal",
+    "png_base64",
+    "provenance",
+    "row_images",
+    "row_pieces",
+    "show",
+    "thumbnail_size",
+    "unpatchify",
+]
 
 PALETTE = ["#dbeafe", "#dcfce7", "#fef3c7", "#fce7f3", "#ede9fe", "#cffafe", "#fee2e2", "#e5e7eb"]
 
 
-def _segments(row: Dict[str, np.ndarray]) -> List[np.ndarray]:
+def _segments(row: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Token positions of each segment of a row (in row order), padding excluded."""
     doc = row["document_ids"]
     out = []
@@ -71,7 +90,7 @@ def _segments(row: Dict[str, np.ndarray]) -> List[np.ndarray]:
     return out
 
 
-def provenance(recipe: Any, batch: Dict[str, Any], row: int) -> List[Dict[str, Any]]:
+def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, Any]]:
     """Where every segment (document, or image-text sample) of ``batch`` row ``row`` came from,
     so that a surprising sample can be traced back to its source bytes.
 
@@ -105,12 +124,14 @@ def provenance(recipe: Any, batch: Dict[str, Any], row: int) -> List[Dict[str, A
     WebDataset, Parquet and interleaved sources and get the batch back.
     """
     if "provenance" not in batch:
-        raise ValueError("this batch has no provenance field: it was not made by zephon's packers "
-                         "(Pack, MMPack), or the field was dropped")
+        raise ValueError(
+            "this batch has no provenance field: it was not made by zephon's packers "
+            "(Pack, MMPack), or the field was dropped"
+        )
     p = recipe.prepare()
     prov = batch["provenance"][row]
     segs = _segments({"document_ids": batch["document_ids"][row]})
-    blocks: List[Dict[str, Any]] = []
+    blocks: list[dict[str, Any]] = []
     if is_multimodal(batch) and getattr(p, "special", None):
         first, grids, _ = row_images(batch, row)
         vision = getattr(recipe, "vision", None)
@@ -127,7 +148,7 @@ def provenance(recipe: Any, batch: Dict[str, Any], row: int) -> List[Dict[str, A
     return out
 
 
-def _covered(tok: Any, text: str, k0: int, k1: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+def _covered(tok: Any, text: str, k0: int, k1: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """(chars, bytes) of ``text`` covered by its content tokens ``k0:k1`` (no BOS/EOS)."""
     offsets = tok._tokenizer().encode(text, add_special_tokens=False).offsets
     k0, k1 = max(k0, 0), min(k1, len(offsets))
@@ -135,11 +156,20 @@ def _covered(tok: Any, text: str, k0: int, k1: int) -> Tuple[Tuple[int, int], Tu
         return (0, 0), (0, 0)
     chars = (offsets[k0][0], offsets[k1 - 1][1])
     b0 = len(text[: chars[0]].encode("utf-8"))
-    return chars, (b0, b0 + len(text[chars[0]: chars[1]].encode("utf-8")))
+    return chars, (b0, b0 + len(text[chars[0] : chars[1]].encode("utf-8")))
 
 
-def _text_provenance(recipe: Any, p: Any, d: int, shard: int, record: int, epoch: int, t0: int, t1: int,
-                     rowpos: Optional[Tuple[int, int]]) -> Dict[str, Any]:
+def _text_provenance(
+    recipe: Any,
+    p: Any,
+    d: int,
+    shard: int,
+    record: int,
+    epoch: int,
+    t0: int,
+    t1: int,
+    rowpos: tuple[int, int] | None,
+) -> dict[str, Any]:
     tok = p.tokenizer
     ix = p.indexes[d]
     text = ix.read(shard, [record])[0]
@@ -150,10 +180,20 @@ def _text_provenance(recipe: Any, p: Any, d: int, shard: int, record: int, epoch
     chars, byts = _covered(tok, text, t0 - lead, t1 - lead)
     loc = ix.locate(shard, record)
     return {
-        "dataset": recipe.datasets[d].name, "kind": "text", "file": loc["file"], "locator": loc["locator"],
-        "record": record, "shard": shard, "epoch": epoch, "tokens": (t0, t1), "chars": chars, "bytes": byts,
-        "row_positions": rowpos, "text": text[chars[0]: chars[1]],
-        "has_bos": t0 == 0 and tok.add_bos, "has_eos": tok.add_eos and t1 == n_content + lead + 1,
+        "dataset": recipe.datasets[d].name,
+        "kind": "text",
+        "file": loc["file"],
+        "locator": loc["locator"],
+        "record": record,
+        "shard": shard,
+        "epoch": epoch,
+        "tokens": (t0, t1),
+        "chars": chars,
+        "bytes": byts,
+        "row_positions": rowpos,
+        "text": text[chars[0] : chars[1]],
+        "has_bos": t0 == 0 and tok.add_bos,
+        "has_eos": tok.add_eos and t1 == n_content + lead + 1,
         # the record's own bytes in the (decompressed) file, for line formats: re-read them,
         # parse, tokenize (with BOS/EOS) and take tokens[t0:t1] to get this segment back
         "file_bytes": ((loc["byte_offset"], loc["byte_offset"] + loc["byte_length"]) if "byte_offset" in loc else None),
@@ -161,8 +201,19 @@ def _text_provenance(recipe: Any, p: Any, d: int, shard: int, record: int, epoch
     }
 
 
-def _mm_provenance(recipe: Any, p: Any, kind: str, d: int, shard: int, record: int, epoch: int, t0: int, t1: int,
-                   rowpos: Optional[Tuple[int, int]], blocks: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+def _mm_provenance(
+    recipe: Any,
+    p: Any,
+    kind: str,
+    d: int,
+    shard: int,
+    record: int,
+    epoch: int,
+    t0: int,
+    t1: int,
+    rowpos: tuple[int, int] | None,
+    blocks: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
     """An image-text sample's provenance: the sample's layout (BOS, text, vision blocks, EOS, as
     :class:`zephon.nodes.FetchVision` builds it) re-derived from the re-read record."""
     import hashlib
@@ -182,10 +233,10 @@ def _mm_provenance(recipe: Any, p: Any, kind: str, d: int, shard: int, record: i
     vision = recipe.vision
     lead = 1 if tok.add_bos else 0
     pos, n_img = lead, 0
-    texts: List[Dict[str, Any]] = []
-    images: List[Dict[str, Any]] = []
+    texts: list[dict[str, Any]] = []
+    images: list[dict[str, Any]] = []
 
-    def where(a: int, z: int) -> Optional[Tuple[int, int]]:
+    def where(a: int, z: int) -> tuple[int, int] | None:
         return (row0 + a - t0, row0 + z - t0) if row0 is not None else None
 
     for j, (seg, src) in enumerate(zip(rec.segments, sources)):
@@ -195,27 +246,56 @@ def _mm_provenance(recipe: Any, p: Any, kind: str, d: int, shard: int, record: i
             a, z = max(pos, t0), min(pos + n, t1)
             if z > a or (n == 0 and t0 <= pos <= t1):
                 chars, byts = _covered(tok, seg, a - pos, z - pos)
-                texts.append({"segment": j, **info, "tokens": (a, max(a, z)), "row_positions": where(a, max(a, z)),
-                              "chars": chars, "bytes": byts, "text": seg[chars[0]: chars[1]]})
+                texts.append(
+                    {
+                        "segment": j,
+                        **info,
+                        "tokens": (a, max(a, z)),
+                        "row_positions": where(a, max(a, z)),
+                        "chars": chars,
+                        "bytes": byts,
+                        "text": seg[chars[0] : chars[1]],
+                    }
+                )
             pos += n
             continue
         w, h = image_header_size(seg)
         block = mine[n_img] if t0 == 0 and n_img < len(mine) else None
         k = (block["stop"] - block["start"]) if block is not None else vision.image_tokens(w, h) + 2
         if pos < t1 and pos + k > t0:
-            images.append({"segment": j, **info, "tokens": (pos, pos + k), "row_positions": where(pos, pos + k),
-                           "index": None if block is None else block["index"],
-                           "grid": None if block is None else block["grid"],
-                           "num_bytes": len(seg), "sha256": hashlib.sha256(seg).hexdigest(), "width": w, "height": h})
+            images.append(
+                {
+                    "segment": j,
+                    **info,
+                    "tokens": (pos, pos + k),
+                    "row_positions": where(pos, pos + k),
+                    "index": None if block is None else block["index"],
+                    "grid": None if block is None else block["grid"],
+                    "num_bytes": len(seg),
+                    "sha256": hashlib.sha256(seg).hexdigest(),
+                    "width": w,
+                    "height": h,
+                }
+            )
         n_img += 1
         pos += k
     out = {"dataset": recipe.datasets[d].name, "kind": kind, "file": loc["file"], "locator": loc["locator"]}
     out.update({k: loc[k] for k in ("key", "row") if k in loc})
-    out.update({
-        "record": record, "shard": shard, "epoch": epoch, "tokens": (t0, t1), "row_positions": rowpos,
-        "text": "".join(t["text"] for t in texts), "texts": texts, "images": images,
-        "has_bos": t0 == 0 and tok.add_bos, "has_eos": tok.add_eos and t1 == pos + 1, "file_bytes": None,
-    })
+    out.update(
+        {
+            "record": record,
+            "shard": shard,
+            "epoch": epoch,
+            "tokens": (t0, t1),
+            "row_positions": rowpos,
+            "text": "".join(t["text"] for t in texts),
+            "texts": texts,
+            "images": images,
+            "has_bos": t0 == 0 and tok.add_bos,
+            "has_eos": tok.add_eos and t1 == pos + 1,
+            "file_bytes": None,
+        }
+    )
     return out
 
 
@@ -224,8 +304,9 @@ def _mm_provenance(recipe: Any, p: Any, kind: str, d: int, shard: int, record: i
 MM_BATCH_FIELDS = ("pixel_values", "grid_thw", "images_per_row")
 
 
-def unpatchify(patches: np.ndarray, grid_thw: Sequence[int], patch_size: int, temporal_patch_size: int = 2,
-               merge_size: int = 2) -> np.ndarray:
+def unpatchify(
+    patches: np.ndarray, grid_thw: Sequence[int], patch_size: int, temporal_patch_size: int = 2, merge_size: int = 2
+) -> np.ndarray:
     """The inverse of :func:`zephon.nodes.vision.patchify`: one image's patches
     ``(t * gh * gw, C * pt * ps * ps)`` in TorchTitan's block order (``(t, bh, bw, m, n)``, each
     vector ``(c, pt, ph, pw)``) back to the (normalised) image ``(gh * ps, gw * ps, C)`` float32
@@ -245,8 +326,10 @@ def unpatchify(patches: np.ndarray, grid_thw: Sequence[int], patch_size: int, te
     patches = np.asarray(patches)
     n = t * gh * gw
     if patches.ndim != 2 or patches.shape[0] != n or patches.shape[1] % (ts * ps * ps):
-        raise ValueError(f"patches of shape {patches.shape} do not match grid {t}x{gh}x{gw} with patch_size={ps}, "
-                         f"temporal_patch_size={ts} (expected ({n}, C * {ts * ps * ps}))")
+        raise ValueError(
+            f"patches of shape {patches.shape} do not match grid {t}x{gh}x{gw} with patch_size={ps}, "
+            f"temporal_patch_size={ts} (expected ({n}, C * {ts * ps * ps}))"
+        )
     c = patches.shape[1] // (ts * ps * ps)
     bh, bw = gh // m, gw // m
     x = patches.reshape(t, bh, bw, m, m, c, ts, ps, ps)  # t bh bw m n c pt ph pw
@@ -266,7 +349,7 @@ def denormalize(img: np.ndarray, mean: Sequence[float], std: Sequence[float]) ->
     return np.clip(np.rint(x * np.float32(255.0)), 0, 255).astype(np.uint8)
 
 
-def thumbnail_size(height: int, width: int, max_side: int) -> Tuple[int, int]:
+def thumbnail_size(height: int, width: int, max_side: int) -> tuple[int, int]:
     """(width, height) of an image's thumbnail: scaled down (never up) so its longer side is at
     most ``max_side``, aspect kept, at least 1 pixel.
 
@@ -277,7 +360,7 @@ def thumbnail_size(height: int, width: int, max_side: int) -> Tuple[int, int]:
     return max(1, int(round(width * s))), max(1, int(round(height * s)))
 
 
-def png_base64(rgb: np.ndarray, max_side: int = 96) -> Tuple[str, Tuple[int, int]]:
+def png_base64(rgb: np.ndarray, max_side: int = 96) -> tuple[str, tuple[int, int]]:
     """A uint8 RGB image as a base64 PNG thumbnail (see :func:`thumbnail_size`): (data, (w, h))."""
     from PIL import Image
 
@@ -290,7 +373,7 @@ def png_base64(rgb: np.ndarray, max_side: int = 96) -> Tuple[str, Tuple[int, int
     return base64.b64encode(buf.getvalue()).decode("ascii"), size
 
 
-def is_multimodal(batch: Dict[str, Any]) -> bool:
+def is_multimodal(batch: dict[str, Any]) -> bool:
     """Whether ``batch`` is a multimodal batch (has ``grid_thw`` and ``images_per_row``).
 
     >>> is_multimodal({"input": None}), is_multimodal({"grid_thw": None, "images_per_row": None})
@@ -299,8 +382,13 @@ def is_multimodal(batch: Dict[str, Any]) -> bool:
     return "grid_thw" in batch and "images_per_row" in batch
 
 
-def image_blocks(ids: np.ndarray, special: Dict[str, int], grids: Optional[np.ndarray] = None, first: int = 0,
-                 patch_size: Optional[int] = None) -> List[Dict[str, Any]]:
+def image_blocks(
+    ids: np.ndarray,
+    special: dict[str, int],
+    grids: np.ndarray | None = None,
+    first: int = 0,
+    patch_size: int | None = None,
+) -> list[dict[str, Any]]:
     """The images of one row's tokens ``ids``: one dict per run of ``special["image"]`` tokens,
     in row order, with the run's token range (``run``), the block's range including its
     ``vision_start`` / ``vision_end`` tokens (``start``, ``stop``), its placeholder count
@@ -323,8 +411,16 @@ def image_blocks(ids: np.ndarray, special: Dict[str, int], grids: Optional[np.nd
     for k, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
         a = s - 1 if s > 0 and vs is not None and ids[s - 1] == vs else s
         z = e + 1 if e < len(ids) and ve is not None and ids[e] == ve else e
-        b: Dict[str, Any] = {"start": a, "stop": z, "run": (s, e), "tokens": e - s,
-                             "index": first + k if k < n_grids else None, "grid": None, "height": None, "width": None}
+        b: dict[str, Any] = {
+            "start": a,
+            "stop": z,
+            "run": (s, e),
+            "tokens": e - s,
+            "index": first + k if k < n_grids else None,
+            "grid": None,
+            "height": None,
+            "width": None,
+        }
         if k < n_grids:
             t, gh, gw = (int(v) for v in grids[k])
             b["grid"] = (t, gh, gw)
@@ -334,14 +430,16 @@ def image_blocks(ids: np.ndarray, special: Dict[str, int], grids: Optional[np.nd
     return out
 
 
-def image_label(block: Dict[str, Any]) -> str:
+def image_label(block: dict[str, Any]) -> str:
     """``[image N: HxW, K tokens]`` for an :func:`image_blocks` entry."""
     n = "?" if block["index"] is None else block["index"]
     size = f"{block['height']}x{block['width']}, " if block.get("height") else ""
     return f"[image {n}: {size}{block['tokens']} tokens]"
 
 
-def row_pieces(decode: Any, ids: np.ndarray, lo: int, hi: int, blocks: Sequence[Dict[str, Any]]) -> List[Tuple[str, Any]]:
+def row_pieces(
+    decode: Any, ids: np.ndarray, lo: int, hi: int, blocks: Sequence[dict[str, Any]]
+) -> list[tuple[str, Any]]:
     """Tokens ``ids[lo:hi]`` as ``("text", str)`` and ``("image", block)`` pieces in order: each
     image block (``<|vision_start|>``, its placeholder run, ``<|vision_end|>``) collapses into one
     piece; the text between is ``decode``d.
@@ -351,7 +449,7 @@ def row_pieces(decode: Any, ids: np.ndarray, lo: int, hi: int, blocks: Sequence[
     >>> [(kind, v if kind == "text" else "<image>") for kind, v in row_pieces(str, ids, 0, 6, blocks)]
     [('text', '[1]'), ('image', '<image>'), ('text', '[2]')]
     """
-    out: List[Tuple[str, Any]] = []
+    out: list[tuple[str, Any]] = []
     cur = lo
     for b in blocks:
         if b["stop"] <= lo or b["start"] >= hi:
@@ -366,7 +464,7 @@ def row_pieces(decode: Any, ids: np.ndarray, lo: int, hi: int, blocks: Sequence[
     return out
 
 
-def row_images(batch: Dict[str, Any], i: int) -> Tuple[int, np.ndarray, np.ndarray]:
+def row_images(batch: dict[str, Any], i: int) -> tuple[int, np.ndarray, np.ndarray]:
     """Row ``i`` of a multimodal batch: (index of its first image in the batch, its rows of
     ``grid_thw``, the patch offsets ``[start, stop)`` of each of its images in ``pixel_values``).
 
@@ -381,8 +479,8 @@ def row_images(batch: Dict[str, Any], i: int) -> Tuple[int, np.ndarray, np.ndarr
     k = int(per_row[i])
     sizes = grids.prod(axis=1) if len(grids) else np.zeros(0, np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)])
-    rg = grids[first:first + k]
-    return first, rg, np.stack([starts[first:first + k], starts[first + 1:first + k + 1]], axis=1).astype(np.int64)
+    rg = grids[first : first + k]
+    return first, rg, np.stack([starts[first : first + k], starts[first + 1 : first + k + 1]], axis=1).astype(np.int64)
 
 
 class BatchView:
@@ -396,24 +494,27 @@ class BatchView:
     ``thumb_px`` is the thumbnails' longest side (images are scaled down, never up).
     """
 
-    def __init__(self, batch: Dict[str, Any], recipe: Any, max_rows: int = 8, max_chars: int = 600,
-                 thumb_px: int = 96) -> None:
+    def __init__(
+        self, batch: dict[str, Any], recipe: Any, max_rows: int = 8, max_chars: int = 600, thumb_px: int = 96
+    ) -> None:
         self.batch, self.recipe = batch, recipe
         self.max_rows, self.max_chars, self.thumb_px = max_rows, max_chars, int(thumb_px)
         p = recipe.prepare()
         self.tokenizer = p.tokenizer
         self.names = [d.name for d in recipe.datasets]
         self.multimodal = is_multimodal(batch)
-        self.special: Dict[str, int] = dict(getattr(p, "special", None) or {}) if self.multimodal else {}
+        self.special: dict[str, int] = dict(getattr(p, "special", None) or {}) if self.multimodal else {}
         self.vision = getattr(recipe, "vision", None)
         if self.multimodal and ("image" not in self.special or self.vision is None):
-            raise ValueError("show: this is a multimodal batch (it has grid_thw) but the recipe has no image "
-                             "placeholder tokens; pass the recipe the batch came from")
+            raise ValueError(
+                "show: this is a multimodal batch (it has grid_thw) but the recipe has no image "
+                "placeholder tokens; pass the recipe the batch came from"
+            )
 
     def __len__(self) -> int:
         return len(self.batch["input"])
 
-    def row(self, i: int) -> Dict[str, Any]:
+    def row(self, i: int) -> dict[str, Any]:
         """Row ``i``'s per-token fields (the batch-level image fields are left out; see :meth:`images`)."""
         return {k: v[i] for k, v in self.batch.items() if k not in MM_BATCH_FIELDS}
 
@@ -421,7 +522,7 @@ class BatchView:
         """Share of non-padding input tokens in row ``i``."""
         return float((self.batch["document_ids"][i] >= 0).mean())
 
-    def provenance(self, i: int) -> List[Dict[str, Any]]:
+    def provenance(self, i: int) -> list[dict[str, Any]]:
         """Where each segment of row ``i`` came from: see :func:`provenance`."""
         return provenance(self.recipe, self.batch, i)
 
@@ -438,7 +539,7 @@ class BatchView:
         return f"{where} · epoch {epoch} · tokens {t0}–{t1}"
 
     # -- images -------------------------------------------------------------------------------
-    def _blocks(self, i: int) -> List[Dict[str, Any]]:
+    def _blocks(self, i: int) -> list[dict[str, Any]]:
         if not self.multimodal:
             return []
         first, grids, spans = row_images(self.batch, i)
@@ -459,18 +560,23 @@ class BatchView:
         sizes = grids.prod(axis=1)
         a = int(sizes[:n].sum())
         v = self.vision
-        img = unpatchify(self.batch["pixel_values"][a:a + int(sizes[n])], grids[n], v.patch_size,
-                         v.temporal_patch_size, v.merge_size)
+        img = unpatchify(
+            self.batch["pixel_values"][a : a + int(sizes[n])],
+            grids[n],
+            v.patch_size,
+            v.temporal_patch_size,
+            v.merge_size,
+        )
         return denormalize(img, v.mean, v.std)
 
-    def images(self, i: int) -> List[Dict[str, Any]]:
+    def images(self, i: int) -> list[dict[str, Any]]:
         """The images of row ``i`` in token order: ``index`` (into ``grid_thw``), ``grid``,
         ``height``, ``width``, ``tokens`` (placeholders), ``run`` (their positions in the row),
         ``patches`` (their rows of ``pixel_values``), ``masked`` (labels at -100 in the block)."""
         return [b for b in self._blocks(i) if b["index"] is not None]
 
     # -- text -----------------------------------------------------------------------------------
-    def segments(self, i: int) -> List[Dict[str, Any]]:
+    def segments(self, i: int) -> list[dict[str, Any]]:
         """Decoded segments of row ``i``: dataset, text, token count, masked label count; for a
         multimodal batch also ``pieces`` (``("text", str)`` / ``("image", block)``) and
         ``images`` (their indices), and ``text`` has each image's label in place of its tokens."""
@@ -479,7 +585,7 @@ class BatchView:
         out = []
         for pos in _segments(r):
             ds = int(r["dataset"][pos[0]])
-            seg: Dict[str, Any] = {
+            seg: dict[str, Any] = {
                 "dataset": self.names[ds] if 0 <= ds < len(self.names) else str(ds),
                 "dataset_index": ds,
                 "tokens": len(pos),
@@ -515,23 +621,29 @@ class BatchView:
             lines.append(f"... {n - self.max_rows} more rows")
         return "\n".join(lines)
 
-    def _image_html(self, b: Dict[str, Any]) -> str:
+    def _image_html(self, b: dict[str, Any]) -> str:
         label = html.escape(image_label(b))
-        title = (f"image {b['index']} · grid_thw {b['grid']} · {b['height']}x{b['width']} px · {b['tokens']} "
-                 f"placeholder tokens · labels -100 on {b['masked']} of {b['stop'] - b['start']} positions")
+        title = (
+            f"image {b['index']} · grid_thw {b['grid']} · {b['height']}x{b['width']} px · {b['tokens']} "
+            f"placeholder tokens · labels -100 on {b['masked']} of {b['stop'] - b['start']} positions"
+        )
         thumb = ""
         if b["index"] is not None:
             data, (w, h) = png_base64(self.image(b["index"]), self.thumb_px)
-            thumb = (f'<img class="zp-thumb" data-image="{b["index"]}" width="{w}" height="{h}" '
-                     f'alt="image {b["index"]}" src="data:image/png;base64,{data}" '
-                     'style="vertical-align:middle;margin:1px 3px;border:1px solid #6b7280"/>')
-        return (f'<span class="zp-image" data-image="{"" if b["index"] is None else b["index"]}" '
-                f'data-tokens="{b["tokens"]}" data-masked="{b["masked"]}" title="{html.escape(title)}" '
-                'style="display:inline-block;vertical-align:middle;padding:1px 3px;margin:1px;border:1px dashed #6b7280;'
-                'background:repeating-linear-gradient(45deg,#f3f4f6,#f3f4f6 4px,#e5e7eb 4px,#e5e7eb 8px)">'
-                f'{thumb}<span class="zp-image-label" style="color:#374151">{label}</span></span>')
+            thumb = (
+                f'<img class="zp-thumb" data-image="{b["index"]}" width="{w}" height="{h}" '
+                f'alt="image {b["index"]}" src="data:image/png;base64,{data}" '
+                'style="vertical-align:middle;margin:1px 3px;border:1px solid #6b7280"/>'
+            )
+        return (
+            f'<span class="zp-image" data-image="{"" if b["index"] is None else b["index"]}" '
+            f'data-tokens="{b["tokens"]}" data-masked="{b["masked"]}" title="{html.escape(title)}" '
+            'style="display:inline-block;vertical-align:middle;padding:1px 3px;margin:1px;border:1px dashed #6b7280;'
+            'background:repeating-linear-gradient(45deg,#f3f4f6,#f3f4f6 4px,#e5e7eb 4px,#e5e7eb 8px)">'
+            f'{thumb}<span class="zp-image-label" style="color:#374151">{label}</span></span>'
+        )
 
-    def _seg_html(self, seg: Dict[str, Any]) -> str:
+    def _seg_html(self, seg: dict[str, Any]) -> str:
         if "pieces" not in seg:
             text = seg["text"]
             if len(text) > self.max_chars:
@@ -556,11 +668,15 @@ class BatchView:
         n = len(self)
         legend = " ".join(
             f'<span class="zp-legend" style="background:{PALETTE[i % len(PALETTE)]};padding:1px 6px;border-radius:3px">'
-            f"{html.escape(name)}</span>" for i, name in enumerate(self.names))
+            f"{html.escape(name)}</span>"
+            for i, name in enumerate(self.names)
+        )
         images = ""
         if self.multimodal:
-            images = (f' &middot; <span class="zp-images">{len(self.batch["grid_thw"])} images</span> '
-                      '(hatched: image placeholders, labels -100)')
+            images = (
+                f' &middot; <span class="zp-images">{len(self.batch["grid_thw"])} images</span> '
+                "(hatched: image placeholders, labels -100)"
+            )
         out = [
             '<div class="zephon-batch" style="font-family:monospace;font-size:12px">',
             f'<div class="zp-head"><b>Batch</b>: {n} rows &times; {self.batch["input"].shape[1]} tokens{images} &middot; '
@@ -571,19 +687,27 @@ class BatchView:
             row_imgs = ""
             if self.multimodal:
                 row_imgs = f' &middot; <span class="zp-row-images">{int(self.batch["images_per_row"][i])}</span> images'
-            out.append(f'<div class="zp-row" data-row="{i}" style="margin:4px 0;padding:3px;border:1px solid #ccc">'
-                       f'<div class="zp-row-head" style="color:#555">row {i} &middot; '
-                       f'<span class="zp-eff">{self.efficiency(i):.1%}</span> non-padding{row_imgs}</div>')
+            out.append(
+                f'<div class="zp-row" data-row="{i}" style="margin:4px 0;padding:3px;border:1px solid #ccc">'
+                f'<div class="zp-row-head" style="color:#555">row {i} &middot; '
+                f'<span class="zp-eff">{self.efficiency(i):.1%}</span> non-padding{row_imgs}</div>'
+            )
             for j, seg in enumerate(self.segments(i)):
                 color = PALETTE[seg["dataset_index"] % len(PALETTE)]
                 title = seg["dataset"]
                 if prov is not None and j < len(prov[i]):
                     title += " · " + self._source_title(prov[i][j])
                 text = self._seg_html(seg)
-                masked = f' <span class="zp-masked" style="color:#999">[{seg["masked"]} labels masked]</span>' if seg["masked"] else ""
-                out.append(f'<span class="zp-boundary" style="color:#e11d48;font-weight:bold">‖</span>'
-                           f'<span class="zp-seg" data-dataset="{html.escape(seg["dataset"])}" title="{html.escape(title)}" '
-                           f'style="background:{color};white-space:pre-wrap">{text}</span>{masked}')
+                masked = (
+                    f' <span class="zp-masked" style="color:#999">[{seg["masked"]} labels masked]</span>'
+                    if seg["masked"]
+                    else ""
+                )
+                out.append(
+                    f'<span class="zp-boundary" style="color:#e11d48;font-weight:bold">‖</span>'
+                    f'<span class="zp-seg" data-dataset="{html.escape(seg["dataset"])}" title="{html.escape(title)}" '
+                    f'style="background:{color};white-space:pre-wrap">{text}</span>{masked}'
+                )
             pad = int((self.batch["document_ids"][i] < 0).sum())
             if pad:
                 out.append(f'<span class="zp-pad" style="background:#eee;color:#888">[pad &times;{pad}]</span>')
@@ -594,7 +718,7 @@ class BatchView:
         return "\n".join(out)
 
 
-def show(batch: Dict[str, Any], recipe: Any, **kw: Any) -> BatchView:
+def show(batch: dict[str, Any], recipe: Any, **kw: Any) -> BatchView:
     """Wrap a batch for display (Jupyter renders it as HTML, the console as text)."""
     return BatchView(batch, recipe, **kw)
 
@@ -612,7 +736,7 @@ class Explanation:
         return '<pre class="zephon-explain">' + html.escape(self.text) + "</pre>"
 
 
-def explain(recipe: Any, world_size: Optional[int] = None) -> Explanation:
+def explain(recipe: Any, world_size: int | None = None) -> Explanation:
     """The plan (datasets, sizes, tokens per byte, target vs expected token shares, lanes, rows
     per lane per step, flush intervals, workers), the node graph of a lane, and for
     ``world_size`` the lanes each rank owns. Same content as ``zephon inspect``."""
@@ -626,9 +750,17 @@ def explain(recipe: Any, world_size: Optional[int] = None) -> Explanation:
 
 
 # -- text renderings (the command line's) ----------------------------------------------------
-def format_row(tokenizer: Any, row: Dict[str, np.ndarray], dataset_names: List[str], width: int = 400, *,
-               special: Optional[Dict[str, int]] = None, grids: Optional[np.ndarray] = None, first_image: int = 0,
-               patch_size: Optional[int] = None) -> str:
+def format_row(
+    tokenizer: Any,
+    row: dict[str, np.ndarray],
+    dataset_names: list[str],
+    width: int = 400,
+    *,
+    special: dict[str, int] | None = None,
+    grids: np.ndarray | None = None,
+    first_image: int = 0,
+    patch_size: int | None = None,
+) -> str:
     """A packed row as text: documents separated by ' ‖ ', dataset tags, padding counted.
 
     For a row of a multimodal batch pass the image placeholder ids (``special``: ``image``,
@@ -639,8 +771,9 @@ def format_row(tokenizer: Any, row: Dict[str, np.ndarray], dataset_names: List[s
     parts = []
     doc = row["document_ids"]
     valid = doc >= 0
-    blocks = (image_blocks(row["input"], special, grids, first_image, patch_size)
-              if special and "image" in special else [])
+    blocks = (
+        image_blocks(row["input"], special, grids, first_image, patch_size) if special and "image" in special else []
+    )
     for j in np.unique(doc[valid]):
         idx = np.nonzero(doc == j)[0]
         ds = int(row["dataset"][idx[0]])
@@ -659,7 +792,7 @@ def format_row(tokenizer: Any, row: Dict[str, np.ndarray], dataset_names: List[s
     return s + (f" [+{pad} pad]" if pad else "")
 
 
-def format_batch_rows(recipe: Any, batch: Dict[str, Any], rows: int, width: int = 2000) -> List[str]:
+def format_batch_rows(recipe: Any, batch: dict[str, Any], rows: int, width: int = 2000) -> list[str]:
     """``row <r>: ...`` lines (:func:`format_row`) for the first ``rows`` rows of a text or
     multimodal batch (images as ``[image N: HxW, K tokens]`` with the text around them)."""
     p = recipe.prepare()
@@ -668,22 +801,24 @@ def format_batch_rows(recipe: Any, batch: Dict[str, Any], rows: int, width: int 
     out = []
     for r in range(min(rows, len(batch["input"]))):
         row = {k: v[r] for k, v in batch.items() if k not in MM_BATCH_FIELDS}
-        kw: Dict[str, Any] = {}
+        kw: dict[str, Any] = {}
         if mm:
             first, grids, _ = row_images(batch, r)
             kw = dict(special=p.special, grids=grids, first_image=first, patch_size=recipe.vision.patch_size)
         line = f"row {r}: " + format_row(p.tokenizer, row, names, width=width, **kw)
         if mm:
-            line = f"row {r} ({int(batch['images_per_row'][r])} images): " + line[len(f"row {r}: "):]
+            line = f"row {r} ({int(batch['images_per_row'][r])} images): " + line[len(f"row {r}: ") :]
         out.append(line)
     return out
 
 
-def describe_plan(recipe: Any, world_size: Optional[int] = None, draws: int = 4000) -> str:
+def describe_plan(recipe: Any, world_size: int | None = None, draws: int = 4000) -> str:
     """The plan as text: datasets, sizes, tokens/byte, target vs expected token shares, lanes."""
     p = recipe.prepare(progress=None)
     lines = [repr(recipe), f"fingerprint: {p.fingerprint}", ""]
-    lines.append(f"{'dataset':<12} {'format':<8} {'shards':>6} {'records':>9} {'MB':>8} {'tok/byte':>9} {'est. tokens':>12} {'target':>7} {'expected':>8}")
+    lines.append(
+        f"{'dataset':<12} {'format':<8} {'shards':>6} {'records':>9} {'MB':>8} {'tok/byte':>9} {'est. tokens':>12} {'target':>7} {'expected':>8}"
+    )
     # expected shares: simulate lane 0's work source from metadata only
     src = p.plan.lane(0)
     est = np.zeros(len(recipe.datasets))
@@ -702,16 +837,27 @@ def describe_plan(recipe: Any, world_size: Optional[int] = None, draws: int = 40
         size = sum(sh.size_bytes for sh in ix.shards)
         e = p.estimates[s.name]
         total_bytes = sum(int(ix.record_bytes(k).sum()) for k in range(len(ix.shards)))
-        lines.append(f"{s.name:<12} {ix.format:<8} {len(ix.shards):>6} {ix.num_records:>9} {size / 1e6:>8.2f} "
-                     f"{e.tokens_per_byte:>9.4f} {total_bytes * e.tokens_per_byte + ix.num_records * e.tokens_per_record:>12.0f} "
-                     f"{target[i]:>7.3f} {expected[i]:>8.3f}")
+        lines.append(
+            f"{s.name:<12} {ix.format:<8} {len(ix.shards):>6} {ix.num_records:>9} {size / 1e6:>8.2f} "
+            f"{e.tokens_per_byte:>9.4f} {total_bytes * e.tokens_per_byte + ix.num_records * e.tokens_per_record:>12.0f} "
+            f"{target[i]:>7.3f} {expected[i]:>8.3f}"
+        )
     lines.append("")
-    lines.append(f"lanes: {recipe.lanes} (valid world sizes: {valid_world_sizes(recipe.lanes)}); rows per lane per step: "
-                 f"{recipe.rows_per_lane}; seq_len: {recipe.seq_len}; mixing by {recipe.mix_by}")
-    lines.append(f"pack: {recipe.pack_algorithm}, flush every {recipe.pack_flush_every} documents; shuffle window: "
-                 f"{recipe.shuffle_buffer} rows; workers: {recipe.workers.count} {recipe.workers.backend}")
+    lines.append(
+        f"lanes: {recipe.lanes} (valid world sizes: {valid_world_sizes(recipe.lanes)}); rows per lane per step: "
+        f"{recipe.rows_per_lane}; seq_len: {recipe.seq_len}; mixing by {recipe.mix_by}"
+    )
+    lines.append(
+        f"pack: {recipe.pack_algorithm}, flush every {recipe.pack_flush_every} documents; shuffle window: "
+        f"{recipe.shuffle_buffer} rows; workers: {recipe.workers.count} {recipe.workers.backend}"
+    )
     if len(recipe.schedule.phases) > 1:
-        lines.append("schedule: " + "; ".join(f"step {s}: {dict(zip([d.name for d in recipe.datasets], w))}" for s, w in recipe.schedule.phases))
+        lines.append(
+            "schedule: "
+            + "; ".join(
+                f"step {s}: {dict(zip([d.name for d in recipe.datasets], w))}" for s, w in recipe.schedule.phases
+            )
+        )
     if world_size:
         for r in range(world_size):
             owned = lanes_of_rank(recipe.lanes, world_size, r)

@@ -3,11 +3,17 @@ efficiency, document lengths, per-node throughput. Each returns a ``matplotlib``
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import numpy as np
 
-__all__ = ["token_shares", "plot_token_shares", "plot_packing_efficiency", "plot_document_lengths", "plot_node_throughput"]
+__all__ = [
+    "plot_document_lengths",
+    "plot_node_throughput",
+    "plot_packing_efficiency",
+    "plot_token_shares",
+    "token_shares",
+]
 
 
 def _plt():
@@ -53,15 +59,22 @@ def target_shares(recipe: Any, steps: int) -> np.ndarray:
     return out
 
 
-def plot_token_shares(recipe: Any, steps: int = 200, world_size: int = 1, shares: Optional[np.ndarray] = None):
+def plot_token_shares(recipe: Any, steps: int = 200, world_size: int = 1, shares: np.ndarray | None = None):
     """Realized (cumulative) vs target token share per dataset over steps."""
     plt = _plt()
     shares = token_shares(recipe, steps, world_size) if shares is None else shares
     target = target_shares(recipe, len(shares))
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for d, spec in enumerate(recipe.datasets):
-        line, = ax.plot(np.arange(1, len(shares) + 1), shares[:, d], label=f"{spec.name} (realized)")
-        ax.plot(np.arange(1, len(shares) + 1), target[:, d], "--", color=line.get_color(), alpha=0.6, label=f"{spec.name} (target)")
+        (line,) = ax.plot(np.arange(1, len(shares) + 1), shares[:, d], label=f"{spec.name} (realized)")
+        ax.plot(
+            np.arange(1, len(shares) + 1),
+            target[:, d],
+            "--",
+            color=line.get_color(),
+            alpha=0.6,
+            label=f"{spec.name} (target)",
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("token share (cumulative)")
     ax.set_ylim(0, 1)
@@ -74,7 +87,7 @@ def plot_token_shares(recipe: Any, steps: int = 200, world_size: int = 1, shares
 def plot_packing_efficiency(recipe: Any, steps: int = 20, world_size: int = 1):
     """Distribution of per-row packing efficiency (share of non-padding tokens)."""
     plt = _plt()
-    effs: List[float] = []
+    effs: list[float] = []
     with recipe.global_loader(world_size) as g:
         for _ in range(steps):
             b = next(g)
@@ -114,7 +127,7 @@ def plot_document_lengths(recipe: Any, samples: int = 300):
     return fig
 
 
-def plot_node_throughput(metrics: Dict[str, Dict[str, Any]]):
+def plot_node_throughput(metrics: dict[str, dict[str, Any]]):
     """Items/s and own seconds per node type, from ``Router.summary_metrics()``."""
     plt = _plt()
     names = list(metrics)

@@ -42,17 +42,17 @@ import numpy as np
 __all__ = [
     "STYLES",
     "generate_documents",
-    "write_jsonl",
-    "write_parquet",
-    "write_text_lines",
-    "write_text_files",
-    "make_demo_corpus",
     "generate_image_text",
     "generate_interleaved",
-    "write_wds",
+    "make_demo_corpus",
+    "make_vision_corpus",
     "write_image_parquet",
     "write_interleaved_parquet",
-    "make_vision_corpus",
+    "write_jsonl",
+    "write_parquet",
+    "write_text_files",
+    "write_text_lines",
+    "write_wds",
 ]
 
 STYLES = ("web", "code", "books")
@@ -123,34 +123,356 @@ def _style_key(style: str) -> int:
 
 
 # ----------------------------------------------------------------------------- vocabulary
-_HEAD = (
-    "the of and to a in is that for it as was with be by on not he this are or his from at "
-    "which but have an they you were her she there would their we him been has when who will "
-    "no more if out so up said what its about than into them can only other time new some "
-    "could these two may first then do any like my now over such our man me even most made "
-    "after also did many before must through back years where much your way well down should "
-    "because each just those people how too little state good very make world still own see "
-    "men work long get here between both life being under never day same another know while "
-    "last might us great old year off come since against go came right used take three place "
-    "small found part house water number sound word home hand high land light city tree "
-    "story river night mother father school country point answer study learn plant cover "
-    "food sun four thought keep eye let head under story saw far sea draw left late run "
-    "while press close real few north open seem together next white children begin got walk "
-    "example ease paper often always music those both mark book letter until mile feet care "
-    "second group carry took rain eat room friend began idea fish mountain stop once base hear "
-    "horse cut sure watch color face wood main enough plain girl usual young ready above ever "
-    "red list though feel talk bird soon body dog family direct pose leave song measure door"
-).split()
+_HEAD = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "a",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "they",
+    "you",
+    "were",
+    "her",
+    "she",
+    "there",
+    "would",
+    "their",
+    "we",
+    "him",
+    "been",
+    "has",
+    "when",
+    "who",
+    "will",
+    "no",
+    "more",
+    "if",
+    "out",
+    "so",
+    "up",
+    "said",
+    "what",
+    "its",
+    "about",
+    "than",
+    "into",
+    "them",
+    "can",
+    "only",
+    "other",
+    "time",
+    "new",
+    "some",
+    "could",
+    "these",
+    "two",
+    "may",
+    "first",
+    "then",
+    "do",
+    "any",
+    "like",
+    "my",
+    "now",
+    "over",
+    "such",
+    "our",
+    "man",
+    "me",
+    "even",
+    "most",
+    "made",
+    "after",
+    "also",
+    "did",
+    "many",
+    "before",
+    "must",
+    "through",
+    "back",
+    "years",
+    "where",
+    "much",
+    "your",
+    "way",
+    "well",
+    "down",
+    "should",
+    "because",
+    "each",
+    "just",
+    "those",
+    "people",
+    "how",
+    "too",
+    "little",
+    "state",
+    "good",
+    "very",
+    "make",
+    "world",
+    "still",
+    "own",
+    "see",
+    "men",
+    "work",
+    "long",
+    "get",
+    "here",
+    "between",
+    "both",
+    "life",
+    "being",
+    "under",
+    "never",
+    "day",
+    "same",
+    "another",
+    "know",
+    "while",
+    "last",
+    "might",
+    "us",
+    "great",
+    "old",
+    "year",
+    "off",
+    "come",
+    "since",
+    "against",
+    "go",
+    "came",
+    "right",
+    "used",
+    "take",
+    "three",
+    "place",
+    "small",
+    "found",
+    "part",
+    "house",
+    "water",
+    "number",
+    "sound",
+    "word",
+    "home",
+    "hand",
+    "high",
+    "land",
+    "light",
+    "city",
+    "tree",
+    "story",
+    "river",
+    "night",
+    "mother",
+    "father",
+    "school",
+    "country",
+    "point",
+    "answer",
+    "study",
+    "learn",
+    "plant",
+    "cover",
+    "food",
+    "sun",
+    "four",
+    "thought",
+    "keep",
+    "eye",
+    "let",
+    "head",
+    "under",
+    "story",
+    "saw",
+    "far",
+    "sea",
+    "draw",
+    "left",
+    "late",
+    "run",
+    "while",
+    "press",
+    "close",
+    "real",
+    "few",
+    "north",
+    "open",
+    "seem",
+    "together",
+    "next",
+    "white",
+    "children",
+    "begin",
+    "got",
+    "walk",
+    "example",
+    "ease",
+    "paper",
+    "often",
+    "always",
+    "music",
+    "those",
+    "both",
+    "mark",
+    "book",
+    "letter",
+    "until",
+    "mile",
+    "feet",
+    "care",
+    "second",
+    "group",
+    "carry",
+    "took",
+    "rain",
+    "eat",
+    "room",
+    "friend",
+    "began",
+    "idea",
+    "fish",
+    "mountain",
+    "stop",
+    "once",
+    "base",
+    "hear",
+    "horse",
+    "cut",
+    "sure",
+    "watch",
+    "color",
+    "face",
+    "wood",
+    "main",
+    "enough",
+    "plain",
+    "girl",
+    "usual",
+    "young",
+    "ready",
+    "above",
+    "ever",
+    "red",
+    "list",
+    "though",
+    "feel",
+    "talk",
+    "bird",
+    "soon",
+    "body",
+    "dog",
+    "family",
+    "direct",
+    "pose",
+    "leave",
+    "song",
+    "measure",
+    "door",
+]
 
 _ONSETS = (
-    "", "", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v",
-    "w", "y", "z", "br", "cr", "dr", "fr", "gr", "pr", "tr", "bl", "cl", "fl", "gl", "pl",
-    "sl", "st", "sp", "sk", "sm", "sn", "sw", "ch", "sh", "th", "wh", "qu", "str", "spr", "thr",
+    "",
+    "",
+    "b",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "j",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "y",
+    "z",
+    "br",
+    "cr",
+    "dr",
+    "fr",
+    "gr",
+    "pr",
+    "tr",
+    "bl",
+    "cl",
+    "fl",
+    "gl",
+    "pl",
+    "sl",
+    "st",
+    "sp",
+    "sk",
+    "sm",
+    "sn",
+    "sw",
+    "ch",
+    "sh",
+    "th",
+    "wh",
+    "qu",
+    "str",
+    "spr",
+    "thr",
 )
 _VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ea", "ee", "oo", "ou", "ie", "y", "io", "oa")
 _CODAS = (
-    "", "", "", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ng", "nt", "rd", "ck", "sh",
-    "ch", "th", "x", "ld", "rt", "ss", "ll", "mp", "pt",
+    "",
+    "",
+    "",
+    "",
+    "n",
+    "r",
+    "s",
+    "t",
+    "l",
+    "m",
+    "nd",
+    "st",
+    "ng",
+    "nt",
+    "rd",
+    "ck",
+    "sh",
+    "ch",
+    "th",
+    "x",
+    "ld",
+    "rt",
+    "ss",
+    "ll",
+    "mp",
+    "pt",
 )
 _SUFFIXES = ("ing", "ed", "ly", "tion", "ness", "ment", "er", "est", "able", "ity", "s", "al", "ive")
 _VOCAB_SIZE = 30000
@@ -234,8 +556,9 @@ def _sentence(s: _Stream, sent: list[str], dialogue: bool) -> str:
     return text + _END[s.below(len(_END))]
 
 
-def _prose(s: _Stream, nwords: int, sent_lo: int, sent_span: int, par_lo: int, par_span: int,
-           dialogue: bool) -> list[str]:
+def _prose(
+    s: _Stream, nwords: int, sent_lo: int, sent_span: int, par_lo: int, par_span: int, dialogue: bool
+) -> list[str]:
     words = _zipf_words(s, nwords)
     paragraphs: list[str] = []
     pos = 0
@@ -281,8 +604,22 @@ def _books_doc(s: _Stream) -> str:
 
 
 # ----------------------------------------------------------------------------- code
-_MODULES = ("os", "sys", "json", "re", "math", "time", "typing", "pathlib", "itertools",
-            "collections", "dataclasses", "functools", "numpy as np", "logging")
+_MODULES = (
+    "os",
+    "sys",
+    "json",
+    "re",
+    "math",
+    "time",
+    "typing",
+    "pathlib",
+    "itertools",
+    "collections",
+    "dataclasses",
+    "functools",
+    "numpy as np",
+    "logging",
+)
 _BASES = ("object", "Exception", "dict", "Base", "nn.Module", "Protocol")
 _OPS = (" + ", " - ", " * ", " // ", " % ", " == ", " != ", " < ", " >= ", " and ", " or ")
 _BUILTINS = ("len", "range", "sorted", "list", "dict", "str", "int", "min", "max", "sum", "zip", "enumerate")
@@ -337,7 +674,7 @@ def _expr(s: _Stream, names: list[str], depth: int = 0) -> str:
         v = s.pick(names) if names else "x"
         return f"[{v} * {s.below(10)} for {v} in {_atom(s, names)}]"
     if k == 9:
-        return f"{{\"{s.word()}\": {_atom(s, names)}, \"{s.word()}\": {_atom(s, names)}}}"
+        return f'{{"{s.word()}": {_atom(s, names)}, "{s.word()}": {_atom(s, names)}}}'
     if k == 10:
         return f"{_atom(s, names)}[{s.below(8)}]"
     return f'f"{s.word()} {{{_atom(s, names)}}}"'
@@ -373,16 +710,17 @@ def _block(s: _Stream, out: list[str], ind: str, names: list[str], budget: int, 
             out.append(f"{ind}{obj}.{s.word()}({_expr(s, names, 1)})")
             budget -= 1
         else:
-            out.append(f"{ind}raise ValueError(f\"{s.word()} {{{_atom(s, names)}!r}}\")")
+            out.append(f'{ind}raise ValueError(f"{s.word()} {{{_atom(s, names)}!r}}")')
             budget -= 1
     return budget
 
 
 def _function(s: _Stream, out: list[str], ind: str, method: bool, budget: int) -> int:
     params = [_ident(s) for _ in range(s.below(4))]
-    sig = ", ".join((["self"] if method else []) + [
-        p + (f": {s.pick(('int', 'str', 'float', 'list', 'dict'))}" if s.chance(1, 2) else "")
-        for p in params])
+    sig = ", ".join(
+        (["self"] if method else [])
+        + [p + (f": {s.pick(('int', 'str', 'float', 'list', 'dict'))}" if s.chance(1, 2) else "") for p in params]
+    )
     ret = f" -> {s.pick(('int', 'str', 'bool', 'None', 'list[str]', 'dict'))}" if s.chance(1, 2) else ""
     out.append(f"{ind}def {_ident(s)}({sig}){ret}:")
     if s.chance(1, 2):
@@ -398,8 +736,7 @@ def _code_doc(s: _Stream) -> str:
     out: list[str] = []
     for _ in range(s.below(5)):
         m = s.pick(_MODULES)
-        out.append(f"import {m}" if s.chance(1, 2) or " as " in m
-                   else f"from {m} import {_ident(s)}, {_camel(s)}")
+        out.append(f"import {m}" if s.chance(1, 2) or " as " in m else f"from {m} import {_ident(s)}, {_camel(s)}")
     if out:
         out.append("")
     if s.chance(1, 3):
@@ -449,8 +786,9 @@ def _atomic_target(path: str | os.PathLike) -> tuple[str, str]:
     return path, path + f".tmp{os.getpid()}"
 
 
-def write_jsonl(path: str | os.PathLike, docs: list[str], text_field: str = "text",
-                compression: str | None = None) -> str:
+def write_jsonl(
+    path: str | os.PathLike, docs: list[str], text_field: str = "text", compression: str | None = None
+) -> str:
     """One JSON object per line: ``{text_field: doc, "id": i}``. ``compression``: None, "gz"
     (gzip, mtime 0 so the bytes are reproducible) or "zst" (zstandard).
 
@@ -484,16 +822,16 @@ def write_jsonl(path: str | os.PathLike, docs: list[str], text_field: str = "tex
     return path
 
 
-def write_parquet(path: str | os.PathLike, docs: list[str], text_field: str = "text",
-                  row_group_size: int = 1000) -> str:
+def write_parquet(
+    path: str | os.PathLike, docs: list[str], text_field: str = "text", row_group_size: int = 1000
+) -> str:
     """A Parquet file with columns ``text_field`` (string) and ``id`` (int64), split into row
     groups of ``row_group_size`` rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     path, tmp = _atomic_target(path)
-    table = pa.table({text_field: pa.array(docs, type=pa.string()),
-                      "id": pa.array(range(len(docs)), type=pa.int64())})
+    table = pa.table({text_field: pa.array(docs, type=pa.string()), "id": pa.array(range(len(docs)), type=pa.int64())})
     pq.write_table(table, tmp, row_group_size=max(1, int(row_group_size)))
     os.replace(tmp, path)
     return path
@@ -532,12 +870,16 @@ def _demo_plan(seed: int, scale: float) -> dict:
         return max(1, int(round(base * scale)))
 
     return {
-        "web": {"style": "web", "docs": n(2400), "shards": 4, "format": "jsonl",
-                "seed": seed * 3 + 0},
-        "code": {"style": "code", "docs": n(2400), "shards": 3, "format": "parquet",
-                 "seed": seed * 3 + 1, "row_group_size": max(1, n(2400) // 3 // 4)},
-        "books": {"style": "books", "docs": n(320), "shards": 2, "format": "text_lines",
-                  "seed": seed * 3 + 2},
+        "web": {"style": "web", "docs": n(2400), "shards": 4, "format": "jsonl", "seed": seed * 3 + 0},
+        "code": {
+            "style": "code",
+            "docs": n(2400),
+            "shards": 3,
+            "format": "parquet",
+            "seed": seed * 3 + 1,
+            "row_group_size": max(1, n(2400) // 3 // 4),
+        },
+        "books": {"style": "books", "docs": n(320), "shards": 2, "format": "text_lines", "seed": seed * 3 + 2},
     }
 
 
@@ -570,8 +912,7 @@ def make_demo_corpus(root: str | os.PathLike, seed: int = 0, scale: float = 1.0)
                 old = json.load(f)
         except (OSError, ValueError):
             old = {}
-        if old.get("params") == params and all(
-                os.path.exists(os.path.join(root, p)) for p in old.get("files", [])):
+        if old.get("params") == params and all(os.path.exists(os.path.join(root, p)) for p in old.get("files", [])):
             return patterns
         # different parameters (or damaged): remove what the old marker says we wrote
         for p in old.get("files", []):
@@ -588,7 +929,7 @@ def make_demo_corpus(root: str | os.PathLike, seed: int = 0, scale: float = 1.0)
         k = spec["shards"]
         bounds = [len(docs) * j // k for j in range(k + 1)]
         for j in range(k):
-            part = docs[bounds[j]:bounds[j + 1]]
+            part = docs[bounds[j] : bounds[j + 1]]
             if spec["format"] == "jsonl":
                 rel = f"{name}/{name}-{j:04d}.jsonl"
                 write_jsonl(os.path.join(root, rel), part)
@@ -678,8 +1019,9 @@ def generate_image_text(n: int, seed: int, *, min_side: int = 24, max_side: int 
     return out
 
 
-def generate_interleaved(n: int, seed: int, *, min_side: int = 24, max_side: int = 96,
-                         max_images: int = 3) -> list[dict]:
+def generate_interleaved(
+    n: int, seed: int, *, min_side: int = 24, max_side: int = 96, max_images: int = 3
+) -> list[dict]:
     """``n`` OBELICS-style documents ``{"texts": [str|None], "images": [bytes|None]}``: at each
     position exactly one of the two is set; 1..max_images images among 1..4 text segments.
 
@@ -736,8 +1078,14 @@ def write_wds(path: str | os.PathLike, samples: list[dict], caption: str = "txt"
     return path
 
 
-def write_image_parquet(path: str | os.PathLike, samples: list[dict], image_field: str = "image",
-                        text_field: str = "caption", row_group_size: int = 64, hf_struct: bool = False) -> str:
+def write_image_parquet(
+    path: str | os.PathLike,
+    samples: list[dict],
+    image_field: str = "image",
+    text_field: str = "caption",
+    row_group_size: int = 64,
+    hf_struct: bool = False,
+) -> str:
     """Parquet with an image column (binary, or Hugging Face's ``{bytes, path}`` struct with
     ``hf_struct``) and a caption column."""
     import pyarrow as pa
@@ -746,11 +1094,15 @@ def write_image_parquet(path: str | os.PathLike, samples: list[dict], image_fiel
     path, tmp = _atomic_target(path)
     imgs = [smp.get("image") for smp in samples]
     if hf_struct:
-        col = pa.array([None if b is None else {"bytes": b, "path": None} for b in imgs],
-                       type=pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+        col = pa.array(
+            [None if b is None else {"bytes": b, "path": None} for b in imgs],
+            type=pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
+        )
     else:
         col = pa.array(imgs, type=pa.binary())
-    table = pa.table({image_field: col, text_field: pa.array([smp.get("caption") for smp in samples], type=pa.string())})
+    table = pa.table(
+        {image_field: col, text_field: pa.array([smp.get("caption") for smp in samples], type=pa.string())}
+    )
     pq.write_table(table, tmp, row_group_size=max(1, int(row_group_size)))
     os.replace(tmp, path)
     return path
@@ -762,15 +1114,20 @@ def write_interleaved_parquet(path: str | os.PathLike, docs: list[dict], row_gro
     import pyarrow.parquet as pq
 
     path, tmp = _atomic_target(path)
-    table = pa.table({"texts": pa.array([d["texts"] for d in docs], type=pa.list_(pa.string())),
-                      "images": pa.array([d["images"] for d in docs], type=pa.list_(pa.binary()))})
+    table = pa.table(
+        {
+            "texts": pa.array([d["texts"] for d in docs], type=pa.list_(pa.string())),
+            "images": pa.array([d["images"] for d in docs], type=pa.list_(pa.binary())),
+        }
+    )
     pq.write_table(table, tmp, row_group_size=max(1, int(row_group_size)))
     os.replace(tmp, path)
     return path
 
 
-def make_vision_corpus(root: str | os.PathLike, seed: int = 0, n_wds: int = 96, n_parquet: int = 64,
-                       n_interleaved: int = 32) -> dict[str, str]:
+def make_vision_corpus(
+    root: str | os.PathLike, seed: int = 0, n_wds: int = 96, n_parquet: int = 64, n_interleaved: int = 32
+) -> dict[str, str]:
     """Image-text data under ``root``: ``wds/`` (2 tar shards, .txt and .json captions),
     ``pairs/`` (2 Parquet shards, image bytes + caption), ``interleaved/`` (1 Parquet shard).
     Returns ``{name: glob}``."""
@@ -781,12 +1138,19 @@ def make_vision_corpus(root: str | os.PathLike, seed: int = 0, n_wds: int = 96, 
     write_wds(os.path.join(root, "wds", "wds-0001.tar"), samples[half:n_wds], caption="json")
     rest = samples[n_wds:]
     write_image_parquet(os.path.join(root, "pairs", "pairs-0000.parquet"), rest[: len(rest) // 2], row_group_size=16)
-    write_image_parquet(os.path.join(root, "pairs", "pairs-0001.parquet"), rest[len(rest) // 2:], row_group_size=16,
-                        hf_struct=True)
-    write_interleaved_parquet(os.path.join(root, "interleaved", "obelics-0000.parquet"),
-                              generate_interleaved(n_interleaved, seed + 1), row_group_size=8)
-    return {"wds": os.path.join(root, "wds", "*.tar"), "pairs": os.path.join(root, "pairs", "*.parquet"),
-            "interleaved": os.path.join(root, "interleaved", "*.parquet")}
+    write_image_parquet(
+        os.path.join(root, "pairs", "pairs-0001.parquet"), rest[len(rest) // 2 :], row_group_size=16, hf_struct=True
+    )
+    write_interleaved_parquet(
+        os.path.join(root, "interleaved", "obelics-0000.parquet"),
+        generate_interleaved(n_interleaved, seed + 1),
+        row_group_size=8,
+    )
+    return {
+        "wds": os.path.join(root, "wds", "*.tar"),
+        "pairs": os.path.join(root, "pairs", "*.parquet"),
+        "interleaved": os.path.join(root, "interleaved", "*.parquet"),
+    }
 
 
 if __name__ == "__main__":  # pragma: no cover - manual look at the output

@@ -13,17 +13,17 @@ from .index import FORMATS, TEXT_MODES, DatasetIndex, ShardMeta, index_dataset
 from .multimodal import KINDS, MM_FORMATS, MMRecord, MultimodalIndex, image_header_size, index_multimodal
 
 __all__ = [
+    "FORMATS",
+    "KINDS",
+    "MM_FORMATS",
+    "TEXT_MODES",
     "BadRecord",
     "DataError",
     "DatasetIndex",
-    "FORMATS",
-    "ShardMeta",
-    "TEXT_MODES",
-    "index_dataset",
-    "KINDS",
-    "MM_FORMATS",
     "MMRecord",
     "MultimodalIndex",
-    "index_multimodal",
+    "ShardMeta",
     "image_header_size",
+    "index_dataset",
+    "index_multimodal",
 ]

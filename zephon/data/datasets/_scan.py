@@ -6,7 +6,8 @@ import gzip
 import threading
 import zlib
 from collections import OrderedDict
-from typing import BinaryIO, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 import numpy as np
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DataError", "BadRecord", "SKIP_HINT"]
+__all__ = ["SKIP_HINT", "BadRecord", "DataError"]
 
 
 def SKIP_HINT(dataset: str) -> str:  # noqa: N802 - reads like a constant at call sites

@@ -15,18 +15,19 @@ import sys
 import tempfile
 import threading
 import warnings
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from ._scan import LRU, BOM, CompressionError, LineScanner, iter_decompressed, line_number
+from ._scan import BOM, LRU, CompressionError, LineScanner, iter_decompressed, line_number
 from .errors import BadRecord, DataError
 
-__all__ = ["ShardMeta", "DatasetIndex", "index_dataset", "FORMATS", "TEXT_MODES"]
+__all__ = ["FORMATS", "TEXT_MODES", "DatasetIndex", "ShardMeta", "index_dataset"]
 
 FORMATS = ("jsonl", "parquet", "text", "arrow")
 TEXT_MODES = ("line", "file")
@@ -49,8 +50,17 @@ _EXT_FORMAT = {
 }
 _EXT_COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _VERSION_KEYS = (
-    "ETag", "etag", "md5Hash", "blob_id", "generation",
-    "mtime", "LastModified", "last_modified", "updated", "modified", "created",
+    "ETag",
+    "etag",
+    "md5Hash",
+    "blob_id",
+    "generation",
+    "mtime",
+    "LastModified",
+    "last_modified",
+    "updated",
+    "modified",
+    "created",
 )
 _FORMAT_FIX = 'Set format = "jsonl" (or "parquet", "text", "arrow") for this dataset in the recipe'
 
@@ -307,8 +317,7 @@ def _expand_dir(name, fs, p, fmt, disp):
     files = [
         (fs, fp, info, None)
         for fp, info in sorted(found.items())
-        if info.get("type") != "directory"
-        and not fp[len(base) :].lstrip("/").split("/")[-1].startswith((".", "_"))
+        if info.get("type") != "directory" and not fp[len(base) :].lstrip("/").split("/")[-1].startswith((".", "_"))
     ]
     if not files:
         raise DataError(
@@ -363,7 +372,7 @@ def _pick_format(name: str, files, fmt: str) -> tuple[str, list[str | None]]:
     comps: list[str | None] = []
     guessed: dict[str, list[str]] = {}
     unknown = []
-    for fs, fp, _info, forced in files:
+    for _fs, fp, _info, forced in files:
         g, comp = _ext_info(fp)
         if forced:
             g, comp = forced, None
@@ -388,7 +397,7 @@ def _pick_format(name: str, files, fmt: str) -> tuple[str, list[str | None]]:
             )
         fmt = next(iter(guessed))
     if fmt in ("parquet", "arrow"):
-        for (fs, fp, _i, _f), c in zip(files, comps):
+        for (_fs, fp, _i, _f), c in zip(files, comps):
             if c:
                 raise DataError(
                     f"{fmt} files compressed as a whole ({c}) are not supported",
@@ -450,7 +459,11 @@ class DatasetIndex:
 
     # -- pickling: drop handles and caches; metadata arrays reload lazily from the cache dir --
     def __getstate__(self) -> dict:
-        st = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_blobs", "_row_groups", "_pq_meta", "_arrow_cols")}
+        st = {
+            k: v
+            for k, v in self.__dict__.items()
+            if k not in ("_lock", "_blobs", "_row_groups", "_pq_meta", "_arrow_cols")
+        }
         st["_arrays"] = {s: a for s, a in self._arrays.items() if not self._cached[s]}
         return st
 
@@ -464,7 +477,7 @@ class DatasetIndex:
             f"num_records={self.num_records}, fingerprint={self.fingerprint[:12]}...)"
         )
 
-    def __enter__(self) -> "DatasetIndex":
+    def __enter__(self) -> DatasetIndex:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -492,7 +505,9 @@ class DatasetIndex:
         ``byte_length`` of the line in the (decompressed) file for line formats."""
         self._check_shard(shard)
         if not 0 <= record < self.shards[shard].num_records:
-            raise IndexError(f"record {record} out of range for shard {shard} ({self.shards[shard].num_records} records)")
+            raise IndexError(
+                f"record {record} out of range for shard {shard} ({self.shards[shard].num_records} records)"
+            )
         out = {"file": self._specs[shard].display}
         if self.format == "jsonl" or (self.format == "text" and self.text_mode == "line"):
             a = self._get_arrays(shard)
@@ -539,19 +554,32 @@ class DatasetIndex:
     def _io_error(self, s: int, e: OSError, doing: str) -> DataError:
         disp = self._specs[s].display
         if isinstance(e, FileNotFoundError):
-            return self._err(s, f"file not found while {doing} it", "Check that the file was not moved or deleted; "
-                             "re-run indexing if the dataset changed.")
+            return self._err(
+                s,
+                f"file not found while {doing} it",
+                "Check that the file was not moved or deleted; re-run indexing if the dataset changed.",
+            )
         if isinstance(e, PermissionError):
-            return self._err(s, f"permission denied while {doing} it", "Make the file readable by the user running "
-                             f"the job (e.g. chmod a+r '{disp}'), or remove it from the dataset's path list in the recipe.")
+            return self._err(
+                s,
+                f"permission denied while {doing} it",
+                "Make the file readable by the user running "
+                f"the job (e.g. chmod a+r '{disp}'), or remove it from the dataset's path list in the recipe.",
+            )
         if isinstance(e, IsADirectoryError):
             return self._err(s, "is a directory, not a file", "Use a glob that matches only data files.")
-        return self._err(s, f"I/O error while {doing} it ({type(e).__name__}: {e})",
-                         "Check that the storage is reachable and the file is intact, then retry.")
+        return self._err(
+            s,
+            f"I/O error while {doing} it ({type(e).__name__}: {e})",
+            "Check that the storage is reachable and the file is intact, then retry.",
+        )
 
     def _changed_error(self, s: int) -> DataError:
-        return self._err(s, "the file changed since it was indexed",
-                         "Do not modify shard files during a run; restart so that index_dataset re-indexes it.")
+        return self._err(
+            s,
+            "the file changed since it was indexed",
+            "Do not modify shard files during a run; restart so that index_dataset re-indexes it.",
+        )
 
     def _open(self, s: int, doing: str = "reading"):
         sp = self._specs[s]
@@ -582,8 +610,12 @@ class DatasetIndex:
             yield from iter_decompressed(f, sp.compression)
         except CompressionError as e:
             tool = "gzip -t" if sp.compression == "gzip" else "zstd -t"
-            raise self._err(s, str(e), f"Re-download or regenerate the file (check it with `{tool}`), "
-                            "or remove it from the dataset's path list in the recipe.") from None
+            raise self._err(
+                s,
+                str(e),
+                f"Re-download or regenerate the file (check it with `{tool}`), "
+                "or remove it from the dataset's path list in the recipe.",
+            ) from None
         except OSError as e:
             raise self._io_error(s, e, doing) from None
         finally:
@@ -627,10 +659,16 @@ class DatasetIndex:
     def _text_column_error(self, s: int, names: list[str], typ=None) -> DataError:
         if typ is None:
             shown = ", ".join(repr(n) for n in names[:20])
-            return self._err(s, f"column '{self.text_field}' not found (columns: {shown})",
-                             f'Set text_field = "<column>" for dataset \'{self.name}\' in the recipe.')
-        return self._err(s, f"column '{self.text_field}' has type {typ}, expected a string column",
-                         f'Set text_field to a string column for dataset \'{self.name}\' in the recipe.')
+            return self._err(
+                s,
+                f"column '{self.text_field}' not found (columns: {shown})",
+                f"Set text_field = \"<column>\" for dataset '{self.name}' in the recipe.",
+            )
+        return self._err(
+            s,
+            f"column '{self.text_field}' has type {typ}, expected a string column",
+            f"Set text_field to a string column for dataset '{self.name}' in the recipe.",
+        )
 
     @contextlib.contextmanager
     def _parquet_file(self, s: int, metadata=None):
@@ -646,8 +684,11 @@ class DatasetIndex:
             except (FileNotFoundError, PermissionError) as e:
                 raise self._io_error(s, e, "reading") from None
             except (pa.ArrowException, OSError) as e:
-                raise self._err(s, f"not a valid Parquet file (corrupt or truncated footer?): {e}",
-                                "Re-download or rewrite the file, or remove it from the dataset's path list.") from None
+                raise self._err(
+                    s,
+                    f"not a valid Parquet file (corrupt or truncated footer?): {e}",
+                    "Re-download or rewrite the file, or remove it from the dataset's path list.",
+                ) from None
             try:
                 yield pf
             finally:
@@ -669,8 +710,11 @@ class DatasetIndex:
                 try:
                     col = pf.read_row_group(rg, columns=[self.text_field]).column(0)
                 except (pa.ArrowException, OSError) as e:
-                    raise self._err(s, f"cannot read row group {rg}: {e}", "Re-download or rewrite the file, "
-                                    "or remove it from the dataset's path list.") from None
+                    raise self._err(
+                        s,
+                        f"cannot read row group {rg}: {e}",
+                        "Re-download or rewrite the file, or remove it from the dataset's path list.",
+                    ) from None
                 lengths.append(pc.binary_length(col).fill_null(0).to_numpy().astype(np.int64))
         groups = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=groups[1:])
@@ -697,8 +741,11 @@ class DatasetIndex:
                 src.seek(0)
                 return pa.ipc.open_file(src)
             except pa.ArrowInvalid as e:
-                raise self._err(s, f"not a valid Arrow IPC stream or file: {e}",
-                                "Re-save the dataset (datasets.save_to_disk) or re-copy the file.") from None
+                raise self._err(
+                    s,
+                    f"not a valid Arrow IPC stream or file: {e}",
+                    "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
+                ) from None
 
     def _index_arrow(self, s: int) -> dict[str, np.ndarray]:
         import pyarrow as pa
@@ -708,14 +755,20 @@ class DatasetIndex:
         self._check_text_column(s, r.schema)
         lengths = []
         try:
-            batches = r if isinstance(r, pa.ipc.RecordBatchStreamReader) else (
-                r.get_batch(i) for i in range(r.num_record_batches))
+            batches = (
+                r
+                if isinstance(r, pa.ipc.RecordBatchStreamReader)
+                else (r.get_batch(i) for i in range(r.num_record_batches))
+            )
             for b in batches:
                 col = b.column(self.text_field)
                 lengths.append(pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))
         except pa.ArrowInvalid as e:
-            raise self._err(s, f"corrupt or truncated Arrow data: {e}",
-                            "Re-save the dataset (datasets.save_to_disk) or re-copy the file.") from None
+            raise self._err(
+                s,
+                f"corrupt or truncated Arrow data: {e}",
+                "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
+            ) from None
         return {"lengths": np.concatenate(lengths) if lengths else np.zeros(0, np.int64)}
 
     # -- metadata cache -------------------------------------------------------------------------
@@ -772,13 +825,13 @@ class DatasetIndex:
             return True
         except OSError as e:
             if tmp is not None:
-                try:
+                with contextlib.suppress(OSError):
                     os.unlink(tmp)
-                except OSError:
-                    pass
-            warnings.warn(f"zephon: cannot write the index cache in '{self.cache_dir}' ({e}); "
-                          "keeping metadata in memory. Set ZEPHON_CACHE_DIR to a writable directory.",
-                          stacklevel=3)
+            warnings.warn(
+                f"zephon: cannot write the index cache in '{self.cache_dir}' ({e}); "
+                "keeping metadata in memory. Set ZEPHON_CACHE_DIR to a writable directory.",
+                stacklevel=3,
+            )
             return False
 
     def _prepare(self, s: int) -> tuple[dict[str, np.ndarray], bool]:
@@ -936,8 +989,11 @@ class DatasetIndex:
             try:
                 col = pf.read_row_group(rg, columns=[self.text_field]).column(0)
             except (pa.ArrowException, OSError) as e:
-                raise self._err(s, f"cannot read row group {rg}: {e}",
-                                "Re-download or rewrite the file, or remove it from the dataset's path list.") from None
+                raise self._err(
+                    s,
+                    f"cannot read row group {rg}: {e}",
+                    "Re-download or rewrite the file, or remove it from the dataset's path list.",
+                ) from None
         return col.combine_chunks()
 
     def _read_arrow(self, s: int, idx: np.ndarray) -> list[str | BadRecord]:
@@ -949,8 +1005,11 @@ class DatasetIndex:
             try:
                 t = r.read_all()
             except pa.ArrowInvalid as e:
-                raise self._err(s, f"corrupt or truncated Arrow data: {e}",
-                                "Re-save the dataset (datasets.save_to_disk) or re-copy the file.") from None
+                raise self._err(
+                    s,
+                    f"corrupt or truncated Arrow data: {e}",
+                    "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
+                ) from None
             return t.column(self.text_field)
 
         col = self._arrow_cols.get(s, load)
@@ -996,14 +1055,23 @@ def index_dataset(
     ``~/.cache/zephon/index``).
     """
     if format not in ("auto",) + FORMATS:
-        raise DataError(f"unknown format {format!r}", dataset=name,
-                        fix=f'{_FORMAT_FIX}, or "auto" to infer it from the file extensions.')
+        raise DataError(
+            f"unknown format {format!r}",
+            dataset=name,
+            fix=f'{_FORMAT_FIX}, or "auto" to infer it from the file extensions.',
+        )
     if text_mode not in TEXT_MODES:
-        raise DataError(f"unknown text_mode {text_mode!r}", dataset=name,
-                        fix='Set text_mode = "line" (one document per line) or "file" (one per file).')
+        raise DataError(
+            f"unknown text_mode {text_mode!r}",
+            dataset=name,
+            fix='Set text_mode = "line" (one document per line) or "file" (one per file).',
+        )
     if not isinstance(text_field, str) or not text_field:
-        raise DataError("text_field must be a non-empty string", dataset=name,
-                        fix='Set text_field = "text" (or the name of the text column).')
+        raise DataError(
+            "text_field must be a non-empty string",
+            dataset=name,
+            fix='Set text_field = "text" (or the name of the text column).',
+        )
 
     files = _resolve(name, path, format)
     fmt, comps = _pick_format(name, files, format)
@@ -1019,13 +1087,21 @@ def index_dataset(
             try:
                 st = os.stat(fp)
             except OSError as e:
-                raise DataError(f"cannot stat the file ({type(e).__name__}: {e})", dataset=name, file=display,
-                                fix="Check the path and its permissions.") from None
+                raise DataError(
+                    f"cannot stat the file ({type(e).__name__}: {e})",
+                    dataset=name,
+                    file=display,
+                    fix="Check the path and its permissions.",
+                ) from None
             size, version = st.st_size, str(st.st_mtime_ns)
             if not os.access(fp, os.R_OK):
-                raise DataError("permission denied (the file is not readable)", dataset=name, file=display,
-                                fix=f"Make the file readable by the user running the job (e.g. chmod a+r '{fp}'), "
-                                "or remove it from the dataset's path list in the recipe.")
+                raise DataError(
+                    "permission denied (the file is not readable)",
+                    dataset=name,
+                    file=display,
+                    fix=f"Make the file readable by the user running the job (e.g. chmod a+r '{fp}'), "
+                    "or remove it from the dataset's path list in the recipe.",
+                )
         else:
             sz = info.get("size")
             size, version = (int(sz) if sz is not None else -1), _version_of(info)
@@ -1039,9 +1115,11 @@ def index_dataset(
         try:
             os.makedirs(cache_dir, exist_ok=True)
         except OSError as e:
-            warnings.warn(f"zephon: cannot create the index cache directory '{cache_dir}' ({e}); "
-                          "metadata will not be cached. Set ZEPHON_CACHE_DIR to a writable directory.",
-                          stacklevel=2)
+            warnings.warn(
+                f"zephon: cannot create the index cache directory '{cache_dir}' ({e}); "
+                "metadata will not be cached. Set ZEPHON_CACHE_DIR to a writable directory.",
+                stacklevel=2,
+            )
             cache_dir = None
 
     placeholder = [ShardMeta(sp.display, 0, sp.size, sp.version) for sp in specs]
@@ -1065,7 +1143,7 @@ def index_dataset(
                 s = futs[fut]
                 try:
                     results[s] = fut.result()
-                except BaseException as e:  # noqa: BLE001 - re-raised below, deterministically
+                except BaseException as e:
                     errors[s] = e
                     for f in futs:
                         f.cancel()

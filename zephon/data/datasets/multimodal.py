@@ -31,8 +31,9 @@ import os
 import tempfile
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from ._scan import LRU
 from .errors import BadRecord, DataError
 from .index import ShardMeta, _resolve
 
-__all__ = ["MMRecord", "MultimodalIndex", "index_multimodal", "KINDS", "MM_FORMATS", "IMAGE_EXTS", "image_header_size"]
+__all__ = ["IMAGE_EXTS", "KINDS", "MM_FORMATS", "MMRecord", "MultimodalIndex", "image_header_size", "index_multimodal"]
 
 KINDS = ("text", "image_text", "interleaved")
 MM_FORMATS = ("wds", "parquet")
@@ -53,7 +54,7 @@ _CACHE_VERSION = 2  # 2: tar member names (provenance)
 class MMRecord:
     """One sample: text (``str``) and image (``bytes``) segments in document order."""
 
-    segments: Tuple[Any, ...]
+    segments: tuple[Any, ...]
     file: str
     locator: str  # "key 'abc'" (tar) or "row N" (parquet, 0-based)
 
@@ -67,7 +68,7 @@ class MMRecord:
         return sum(1 for s in self.segments if isinstance(s, (bytes, bytearray)))
 
 
-def image_header_size(data: bytes) -> Tuple[int, int]:
+def image_header_size(data: bytes) -> tuple[int, int]:
     """(width, height) after EXIF orientation, from the header only; (0, 0) if unreadable.
 
     Why the header only: indexing a corpus must not decode every image, yet the planner needs
@@ -104,12 +105,18 @@ def _pick_format(name: str, files, fmt: str) -> str:
         exts.add("wds" if low.endswith(".tar") else "parquet" if low.endswith(".parquet") else low.rsplit(".", 1)[-1])
     if fmt == "auto":
         if len(exts) != 1 or next(iter(exts)) not in MM_FORMATS:
-            raise DataError(f"cannot infer the image-text format from the file extensions {sorted(exts)}", dataset=name,
-                            fix='Use .tar (WebDataset) or .parquet shards, or set format = "wds" / "parquet" for this dataset.')
+            raise DataError(
+                f"cannot infer the image-text format from the file extensions {sorted(exts)}",
+                dataset=name,
+                fix='Use .tar (WebDataset) or .parquet shards, or set format = "wds" / "parquet" for this dataset.',
+            )
         return next(iter(exts))
     if fmt not in MM_FORMATS:
-        raise DataError(f"format {fmt!r} is not an image-text format", dataset=name,
-                        fix='Set format = "wds" (tar shards) or "parquet" (or "auto") for this dataset.')
+        raise DataError(
+            f"format {fmt!r} is not an image-text format",
+            dataset=name,
+            fix='Set format = "wds" (tar shards) or "parquet" (or "auto") for this dataset.',
+        )
     return fmt
 
 
@@ -141,13 +148,21 @@ class MultimodalIndex:
     [('image', 'b.png'), ('text', 'b.txt')]
     """
 
-    def __init__(self, name: str, kind: str, format: str, text_field: str, image_field: str,
-                 files: List[Tuple[Any, str, str, int, str]], cache_dir: Optional[str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        format: str,
+        text_field: str,
+        image_field: str,
+        files: list[tuple[Any, str, str, int, str]],
+        cache_dir: str | None,
+    ) -> None:
         self.name, self.kind, self.format = name, kind, format
         self.text_field, self.image_field = text_field, image_field
         self._files = files  # (fs, fspath, display, size, version)
         self.cache_dir = cache_dir
-        self._arrays: Dict[int, Dict[str, np.ndarray]] = {}
+        self._arrays: dict[int, dict[str, np.ndarray]] = {}
         self._init_runtime()
         for s in range(len(files)):
             self._arrays[s] = self._prepare(s)
@@ -170,8 +185,10 @@ class MultimodalIndex:
         self._init_runtime()
 
     def __repr__(self) -> str:
-        return (f"MultimodalIndex(name={self.name!r}, kind={self.kind!r}, format={self.format!r}, "
-                f"shards={len(self.shards)}, num_records={self.num_records})")
+        return (
+            f"MultimodalIndex(name={self.name!r}, kind={self.kind!r}, format={self.format!r}, "
+            f"shards={len(self.shards)}, num_records={self.num_records})"
+        )
 
     # -- metadata ------------------------------------------------------------------------------
     def shard_offsets(self) -> np.ndarray:
@@ -182,22 +199,33 @@ class MultimodalIndex:
         """int64 text byte size of every record of ``shard``."""
         return self._arrays[shard]["lengths"]
 
-    def image_sizes(self, shard: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def image_sizes(self, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(images per record, widths, heights): widths/heights flattened in record order;
         0 where the header could not be read."""
         a = self._arrays[shard]
         return a["n_img"], a["img_w"], a["img_h"]
 
     # -- cache ---------------------------------------------------------------------------------
-    def _cache_path(self, s: int) -> Optional[str]:
+    def _cache_path(self, s: int) -> str | None:
         if not self.cache_dir:
             return None
         fs, fp, disp, size, version = self._files[s]
-        blob = json.dumps(["mm", _CACHE_VERSION, fs.unstrip_protocol(fp), self.kind, self.format, self.text_field,
-                           self.image_field, size, version])
+        blob = json.dumps(
+            [
+                "mm",
+                _CACHE_VERSION,
+                fs.unstrip_protocol(fp),
+                self.kind,
+                self.format,
+                self.text_field,
+                self.image_field,
+                size,
+                version,
+            ]
+        )
         return os.path.join(self.cache_dir, "mm-" + hashlib.sha256(blob.encode()).hexdigest() + ".npz")
 
-    def _prepare(self, s: int) -> Dict[str, np.ndarray]:
+    def _prepare(self, s: int) -> dict[str, np.ndarray]:
         path = self._cache_path(s)
         if path is not None and os.path.exists(path):
             try:
@@ -224,7 +252,9 @@ class MultimodalIndex:
         try:
             return fs.open(fp, "rb")
         except OSError as e:
-            raise self._err(s, f"cannot open the file ({type(e).__name__}: {e})", "Check the path and its permissions.") from None
+            raise self._err(
+                s, f"cannot open the file ({type(e).__name__}: {e})", "Check the path and its permissions."
+            ) from None
 
     def _read_range(self, s: int, off: int, n: int) -> bytes:
         fs, fp = self._files[s][0], self._files[s][1]
@@ -234,8 +264,11 @@ class MultimodalIndex:
             if isinstance(fs, LocalFileSystem):
                 st = os.stat(fp)
                 if st.st_size != self._files[s][3] or str(st.st_mtime_ns) != self._files[s][4]:
-                    raise self._err(s, "the file changed since it was indexed",
-                                    "Do not modify shard files during a run; restart so that it is re-indexed.")
+                    raise self._err(
+                        s,
+                        "the file changed since it was indexed",
+                        "Do not modify shard files during a run; restart so that it is re-indexed.",
+                    )
                 fd = os.open(fp, os.O_RDONLY)
                 try:
                     data = os.pread(fd, n, off)
@@ -244,19 +277,25 @@ class MultimodalIndex:
             else:
                 data = fs.cat_file(fp, start=off, end=off + n)
         except OSError as e:
-            raise self._err(s, f"I/O error while reading it ({type(e).__name__}: {e})",
-                            "Check that the storage is reachable and the file is intact, then retry.") from None
+            raise self._err(
+                s,
+                f"I/O error while reading it ({type(e).__name__}: {e})",
+                "Check that the storage is reachable and the file is intact, then retry.",
+            ) from None
         if len(data) != n:
-            raise self._err(s, "the file is shorter than its index says (truncated or changed)",
-                            "Re-copy the shard, or restart so that it is re-indexed.")
+            raise self._err(
+                s,
+                "the file is shorter than its index says (truncated or changed)",
+                "Re-copy the shard, or restart so that it is re-indexed.",
+            )
         return data
 
     # -- WebDataset tar ------------------------------------------------------------------------
-    def _index_wds(self, s: int) -> Dict[str, np.ndarray]:
+    def _index_wds(self, s: int) -> dict[str, np.ndarray]:
         import tarfile
 
-        order: List[str] = []
-        members: Dict[str, Dict[str, Tuple[int, int, str]]] = {}
+        order: list[str] = []
+        members: dict[str, dict[str, tuple[int, int, str]]] = {}
         f = self._open(s)
         try:
             try:
@@ -278,8 +317,11 @@ class MultimodalIndex:
                         order.append(key)
                     members[key].setdefault(slot, (m.offset_data, m.size, ext, m.name))
             except (tarfile.TarError, EOFError) as e:
-                raise self._err(s, f"not a valid tar file (corrupt or truncated?): {e}",
-                                "Re-create or re-copy the shard, or remove it from the dataset's path list.") from None
+                raise self._err(
+                    s,
+                    f"not a valid tar file (corrupt or truncated?): {e}",
+                    "Re-create or re-copy the shard, or remove it from the dataset's path list.",
+                ) from None
         finally:
             f.close()
         n = len(order)
@@ -310,15 +352,17 @@ class MultimodalIndex:
         a["img_w"], a["img_h"] = np.array(widths, np.int64), np.array(heights, np.int64)
         return a
 
-    def _read_wds(self, s: int, idx: np.ndarray) -> List[Any]:
+    def _read_wds(self, s: int, idx: np.ndarray) -> list[Any]:
         a = self._arrays[s]
         disp = self._files[s][2]
-        out: List[Any] = []
+        out: list[Any] = []
         for i in idx.tolist():
             key = str(a["keys"][i])
             loc = f"key '{key}'"
             if a["img_len"][i] < 0:
-                out.append(BadRecord(self.name, disp, loc, "the sample has a caption but no image (.jpg/.jpeg/.png/.webp)"))
+                out.append(
+                    BadRecord(self.name, disp, loc, "the sample has a caption but no image (.jpg/.jpeg/.png/.webp)")
+                )
                 continue
             if a["txt_len"][i] < 0:
                 out.append(BadRecord(self.name, disp, loc, "the sample has an image but no caption (.txt/.json)"))
@@ -330,7 +374,11 @@ class MultimodalIndex:
                 if a["txt_json"][i]:
                     obj = json.loads(text)
                     if not isinstance(obj, dict) or not isinstance(obj.get(self.text_field), str):
-                        out.append(BadRecord(self.name, disp, loc, f"the .json caption has no string field '{self.text_field}'"))
+                        out.append(
+                            BadRecord(
+                                self.name, disp, loc, f"the .json caption has no string field '{self.text_field}'"
+                            )
+                        )
                         continue
                     text = obj[self.text_field]
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -349,31 +397,34 @@ class MultimodalIndex:
         except Exception as e:
             raise self._err(s, f"not a valid Parquet file: {e}", "Re-download or rewrite the file.") from None
 
-    def _columns(self, s: int, pf) -> Tuple[str, str]:
+    def _columns(self, s: int, pf) -> tuple[str, str]:
         names = pf.schema_arrow.names
         for col in (self.image_field, self.text_field):
             if col not in names:
                 key = "image_field" if col == self.image_field else "text_field"
-                raise self._err(s, f"column '{col}' not found (columns: {', '.join(map(repr, names[:20]))})",
-                                f"Set {key} = \"<column>\" for dataset '{self.name}' in the recipe.")
+                raise self._err(
+                    s,
+                    f"column '{col}' not found (columns: {', '.join(map(repr, names[:20]))})",
+                    f"Set {key} = \"<column>\" for dataset '{self.name}' in the recipe.",
+                )
         return self.image_field, self.text_field
 
     @staticmethod
-    def _image_bytes(v: Any) -> Optional[bytes]:
+    def _image_bytes(v: Any) -> bytes | None:
         if isinstance(v, dict):  # Hugging Face Image feature
             v = v.get("bytes")
         if v is None:
             return None
         return bytes(v)
 
-    def _record_from_row(self, img: Any, txt: Any) -> Tuple[Optional[Tuple[Any, ...]], Optional[str]]:
+    def _record_from_row(self, img: Any, txt: Any) -> tuple[tuple[Any, ...] | None, str | None]:
         """(segments, None) or (None, reason)."""
         if self.kind == "interleaved":
             if not isinstance(txt, list) or not isinstance(img, list):
                 return None, f"'{self.text_field}' and '{self.image_field}' must both be lists"
             if len(txt) != len(img):
                 return None, f"'{self.text_field}' has {len(txt)} entries but '{self.image_field}' has {len(img)}"
-            segs: List[Any] = [seg for _, seg in self._interleaved(img, txt)]
+            segs: list[Any] = [seg for _, seg in self._interleaved(img, txt)]
             if not any(isinstance(x, bytes) for x in segs) and not any(isinstance(x, str) and x.strip() for x in segs):
                 return None, "the document has neither text nor images"
             return tuple(segs), None
@@ -384,10 +435,10 @@ class MultimodalIndex:
             return None, f"the caption ('{self.text_field}') is {'null' if txt is None else type(txt).__name__}"
         return (b, txt), None
 
-    def _interleaved(self, img: List[Any], txt: List[Any]) -> List[Tuple[int, Any]]:
+    def _interleaved(self, img: list[Any], txt: list[Any]) -> list[tuple[int, Any]]:
         """(list index, segment) of an interleaved row's kept entries: the image where one is
         set, else the text where it is a string."""
-        out: List[Tuple[int, Any]] = []
+        out: list[tuple[int, Any]] = []
         for j, (t, im) in enumerate(zip(txt, img)):
             b = self._image_bytes(im)
             if b is not None:
@@ -396,7 +447,7 @@ class MultimodalIndex:
                 out.append((j, t))
         return out
 
-    def _index_parquet(self, s: int) -> Dict[str, np.ndarray]:
+    def _index_parquet(self, s: int) -> dict[str, np.ndarray]:
         pf = self._parquet(s)
         ic, tc = self._columns(s, pf)
         md = pf.metadata
@@ -418,17 +469,23 @@ class MultimodalIndex:
                 n_img.append(k)
         groups = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=groups[1:])
-        return {"groups": groups, "lengths": np.array(lengths, np.int64), "n_img": np.array(n_img, np.int64),
-                "img_w": np.array(ws, np.int64), "img_h": np.array(hs, np.int64)}
+        return {
+            "groups": groups,
+            "lengths": np.array(lengths, np.int64),
+            "n_img": np.array(n_img, np.int64),
+            "img_w": np.array(ws, np.int64),
+            "img_h": np.array(hs, np.int64),
+        }
 
-    def _read_parquet(self, s: int, idx: np.ndarray) -> List[Any]:
+    def _read_parquet(self, s: int, idx: np.ndarray) -> list[Any]:
         import pyarrow as pa
 
         groups = self._arrays[s]["groups"]
         rg_of = np.searchsorted(groups, idx, side="right") - 1
-        out: List[Any] = [None] * idx.size
+        out: list[Any] = [None] * idx.size
         disp = self._files[s][2]
         for rg in np.unique(rg_of).tolist():
+
             def load(rg=rg):
                 pf = self._parquet(s)
                 return pf.read_row_group(rg, columns=[self.image_field, self.text_field])
@@ -445,7 +502,7 @@ class MultimodalIndex:
         return out
 
     # -- provenance ----------------------------------------------------------------------------
-    def locate(self, shard: int, record: int) -> Dict[str, Any]:
+    def locate(self, shard: int, record: int) -> dict[str, Any]:
         """Where a record lives, from the index alone (no read): ``file``, ``locator`` (``key
         'k'`` for tar shards, ``row N`` 0-based for Parquet), and ``key`` (tar) or ``row``.
 
@@ -453,9 +510,11 @@ class MultimodalIndex:
         if not 0 <= shard < len(self.shards):
             raise IndexError(f"dataset '{self.name}': shard {shard} out of range ({len(self.shards)} shards)")
         if not 0 <= record < self.shards[shard].num_records:
-            raise IndexError(f"dataset '{self.name}': record {record} out of range for shard {shard} "
-                             f"({self.shards[shard].num_records} records)")
-        out: Dict[str, Any] = {"file": self._files[shard][2]}
+            raise IndexError(
+                f"dataset '{self.name}': record {record} out of range for shard {shard} "
+                f"({self.shards[shard].num_records} records)"
+            )
+        out: dict[str, Any] = {"file": self._files[shard][2]}
         if self.format == "wds":
             key = str(self._arrays[shard]["keys"][record])
             out.update(locator=f"key '{key}'", key=key)
@@ -463,7 +522,7 @@ class MultimodalIndex:
             out.update(locator=f"row {record}", row=int(record))
         return out
 
-    def sources(self, shard: int, record: int) -> List[Dict[str, Any]]:
+    def sources(self, shard: int, record: int) -> list[dict[str, Any]]:
         """Where each segment of a record (in :attr:`MMRecord.segments` order) is stored: one dict
         per segment with ``kind`` ("text" / "image") and
 
@@ -490,13 +549,14 @@ class MultimodalIndex:
             return out
         groups = self._arrays[shard]["groups"]
         rg = int(np.searchsorted(groups, record, side="right") - 1)
-        t = self._groups.get((shard, rg), lambda: self._parquet(shard).read_row_group(
-            rg, columns=[self.image_field, self.text_field]))
+        t = self._groups.get(
+            (shard, rg), lambda: self._parquet(shard).read_row_group(rg, columns=[self.image_field, self.text_field])
+        )
         k = int(record - groups[rg])
         img, txt = t.column(self.image_field)[k].as_py(), t.column(self.text_field)[k].as_py()
         row = int(loc["row"])
 
-        def src(kind: str, j: Optional[int], value: Any) -> Dict[str, Any]:
+        def src(kind: str, j: int | None, value: Any) -> dict[str, Any]:
             col = self.image_field if kind == "image" else self.text_field
             field = "bytes" if kind == "image" and isinstance(value, dict) else None
             return {"kind": kind, "column": col, "row": row, "list_index": j, "field": field, "file_bytes": None}
@@ -504,12 +564,14 @@ class MultimodalIndex:
         if self.kind == "interleaved":
             if not isinstance(txt, list) or not isinstance(img, list):
                 return []
-            return [src("image" if isinstance(seg, bytes) else "text", j, img[j] if isinstance(seg, bytes) else txt[j])
-                    for j, seg in self._interleaved(img, txt)]
+            return [
+                src("image" if isinstance(seg, bytes) else "text", j, img[j] if isinstance(seg, bytes) else txt[j])
+                for j, seg in self._interleaved(img, txt)
+            ]
         return [src("image", None, img), src("text", None, txt)]
 
     # -- reads ---------------------------------------------------------------------------------
-    def read(self, shard: int, indices: Sequence[int]) -> List[Any]:
+    def read(self, shard: int, indices: Sequence[int]) -> list[Any]:
         """Records ``indices`` of ``shard`` (MMRecord or BadRecord), in the order given."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size == 0:
@@ -522,17 +584,27 @@ class MultimodalIndex:
         return self._read_parquet(shard, idx)
 
 
-def index_multimodal(name: str, path: Any, *, kind: str = "image_text", format: str = "auto",
-                     text_field: Optional[str] = None, image_field: Optional[str] = None,
-                     cache_dir: Optional[str] = None) -> MultimodalIndex:
+def index_multimodal(
+    name: str,
+    path: Any,
+    *,
+    kind: str = "image_text",
+    format: str = "auto",
+    text_field: str | None = None,
+    image_field: str | None = None,
+    cache_dir: str | None = None,
+) -> MultimodalIndex:
     """Find the shards of an image-text dataset and build (or load cached) per-shard metadata."""
     if kind not in ("image_text", "interleaved"):
         raise DataError(f"unknown kind {kind!r}", dataset=name, fix='Use kind = "image_text" or "interleaved".')
     files = _resolve(name, path, "auto")
     fmt = _pick_format(name, files, format)
     if kind == "interleaved" and fmt != "parquet":
-        raise DataError("interleaved documents are read from Parquet only", dataset=name,
-                        fix='Store them as Parquet rows with list columns (texts, images), format = "parquet".')
+        raise DataError(
+            "interleaved documents are read from Parquet only",
+            dataset=name,
+            fix='Store them as Parquet rows with list columns (texts, images), format = "parquet".',
+        )
     if text_field is None:
         text_field = "texts" if kind == "interleaved" else "caption"
     if image_field is None:
@@ -550,7 +622,9 @@ def index_multimodal(name: str, path: Any, *, kind: str = "image_text", format: 
             size, version = int(info.get("size") or -1), str(info.get("mtime") or info.get("ETag") or "")
         specs[disp] = (fs, fp, disp, size, version)
     if cache_dir is None:
-        cache_dir = os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "zephon", "index")
+        cache_dir = os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(
+            os.path.expanduser("~"), ".cache", "zephon", "index"
+        )
     try:
         os.makedirs(cache_dir, exist_ok=True)
     except OSError:

@@ -1,0 +1,152 @@
+"""The ordered-parallel mapper: order, worker-independence, errors, dead workers, hangs."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from zephon import OrderedMapper, PipelineError, WorkerConfig, WorkerError
+from zephon.engine.testing import RangeSource, _threads, assert_no_leaks, check_node
+
+
+def slow_square(x):
+    # uneven work so that completion order differs from input order
+    time.sleep(0.002 * ((x * 7) % 5))
+    return x * x
+
+
+def squares_batch(xs):
+    return [x * x for x in xs]
+
+
+def fail_on_13(x):
+    if x == 13:
+        raise ValueError("thirteen is unlucky")
+    return x
+
+
+def kill_self_on_9(x):
+    if x == 9:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def hang_on_5(x):
+    if x == 5:
+        time.sleep(60)
+    return x
+
+
+CONFIGS = (
+    [WorkerConfig(0)] + [WorkerConfig(n, "thread") for n in (1, 2, 4)] + [WorkerConfig(n, "process") for n in (1, 2, 4)]
+)
+
+
+@pytest.mark.parametrize("workers", CONFIGS, ids=lambda c: f"{c.backend}{c.count}")
+def test_output_identical_for_any_worker_count(workers):
+    m = OrderedMapper(RangeSource(200), slow_square, workers=workers, chunk_size=3)
+    try:
+        assert list(m) == [x * x for x in range(200)]
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("workers", [WorkerConfig(0), WorkerConfig(3, "thread")], ids=["inline", "thread3"])
+def test_batch_fn_and_restore_every_step(workers):
+    check_node(lambda: OrderedMapper(RangeSource(60), batch_fn=squares_batch, workers=workers, chunk_size=7))
+
+
+def test_restore_with_process_workers():
+    check_node(
+        lambda: OrderedMapper(RangeSource(25), slow_square, workers=WorkerConfig(2, "process"), chunk_size=4), every=8
+    )
+
+
+def test_bounded_in_flight():
+    src = RangeSource(None)
+    m = OrderedMapper(src, slow_square, workers=WorkerConfig(2, "thread"), chunk_size=5, max_in_flight=3)
+    try:
+        for _ in range(10):
+            next(m)
+        # consumer has taken 10 items; the mapper may hold at most max_in_flight chunks ahead
+        assert src.reads <= 10 + 5 + 3 * 5
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [WorkerConfig(0), WorkerConfig(2, "thread"), WorkerConfig(2, "process")],
+    ids=["inline", "thread", "process"],
+)
+def test_error_names_the_record(workers):
+    m = OrderedMapper(RangeSource(40), fail_on_13, workers=workers, chunk_size=4, lane=3, name="decode")
+    got = []
+    with pytest.raises(WorkerError) as ei:
+        for x in m:
+            got.append(x)
+    m.close()
+    msg = str(ei.value)
+    assert "thirteen is unlucky" in msg and "lane 3" in msg and "source position 13" in msg and "decode" in msg
+    assert got == list(range(13))  # everything before the bad record was delivered, in order
+
+
+def test_killed_worker_process_surfaces_quickly():
+    before = _threads()
+    m = OrderedMapper(RangeSource(100), kill_self_on_9, workers=WorkerConfig(2, "process"), chunk_size=2)
+    t0 = time.monotonic()
+    with pytest.raises(PipelineError, match="worker process died"):
+        list(m)
+    assert time.monotonic() - t0 < 30
+    m.close()
+    assert_no_leaks(before)
+
+
+def test_hung_worker_times_out():
+    before = _threads()
+    m = OrderedMapper(RangeSource(20), hang_on_5, workers=WorkerConfig(2, "process", timeout_s=1.5), chunk_size=1)
+    t0 = time.monotonic()
+    with pytest.raises(PipelineError, match="hung"):
+        list(m)
+    assert time.monotonic() - t0 < 20
+    m.close()
+    assert_no_leaks(before)
+
+
+def test_close_is_idempotent_and_final():
+    m = OrderedMapper(RangeSource(10), slow_square, workers=WorkerConfig(2, "thread"))
+    next(m)
+    m.close()
+    m.close()
+    with pytest.raises(PipelineError, match="closed"):
+        m.reset()
+
+
+def test_needs_one_function():
+    with pytest.raises(ValueError, match="exactly one"):
+        OrderedMapper(RangeSource(3))
+    assert "workers=2 thread" in repr(OrderedMapper(RangeSource(3), slow_square, workers=WorkerConfig(2)))
+
+
+def test_lane_in_flight_budget():
+    """The pulled lane may keep every worker busy (2 chunks per worker); the rank's lanes together
+    stay near ``per_worker`` chunks per worker; never below 2 per lane, 1 when inline."""
+    from zephon.engine.lanes import LaneContext
+
+    def mif(count, lanes, per_worker=16):
+        return LaneContext(
+            seed=0, lane=0, lanes=lanes, workers=WorkerConfig(count, "thread"), lanes_on_rank=lanes
+        ).max_in_flight(per_worker=per_worker)
+
+    assert mif(0, 8) == 1
+    assert mif(2, 8) == 4  # was 2: workers idled while one lane refilled its shuffle window
+    assert mif(1, 8) == 2
+    assert mif(16, 4) == 32 and mif(16, 4, per_worker=8) == 32 and mif(16, 8, per_worker=8) == 16
+    assert mif(2, 4, per_worker=8) == 4
+    assert mif(2, 256) == 2 and mif(16, 256, per_worker=8) == 2
+    for count in (1, 2, 4, 16):
+        for lanes in (1, 4, 8, 64, 256):
+            for pw in (8, 16):
+                assert 2 <= mif(count, lanes, pw) <= max(2, 2 * count)
+                assert lanes * mif(count, lanes, pw) <= max(2 * lanes, pw * count + lanes)
