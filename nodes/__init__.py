@@ -16,23 +16,30 @@ Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 
 from .batch import Batch
 from .mmpack import MMPack
-from .pack import Pack
+from .pack import ALGORITHMS, Pack
+from .policy import ON_ERROR, skip_hint
+from .rows import IGNORE_INDEX, Provenance
 from .shuffle import WindowShuffle
 from .skips import SkipCounter
 from .tokenize import FetchTokenize, TokDoc
-from .vision import FetchVision, MMDoc, VisionConfig
+from .vision import FetchVision, LayoutSpan, MMDoc, VisionConfig, sample_layout
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
 
 __all__ = [
+    "ALGORITHMS",
+    "IGNORE_INDEX",
+    "ON_ERROR",
     "POLICIES",
     "Batch",
     "DatasetPlan",
     "FetchTokenize",
     "FetchVision",
     "LaneWorkSource",
+    "LayoutSpan",
     "MMDoc",
     "MMPack",
     "Pack",
+    "Provenance",
     "SkipCounter",
     "TokDoc",
     "VisionConfig",
@@ -40,4 +47,6 @@ __all__ = [
     "WindowShuffle",
     "WorkItem",
     "WorkPlan",
+    "sample_layout",
+    "skip_hint",
 ]

@@ -41,12 +41,12 @@ from torchdata.nodes import BaseNode
 
 from zephon.engine import Accumulator
 
-__all__ = ["IGNORE_INDEX", "MMPack"]
+from .rows import IGNORE_INDEX, PackingMetrics, Provenance
 
-IGNORE_INDEX = -100
+__all__ = ["MMPack"]
 
 
-class MMPack(Accumulator):
+class MMPack(PackingMetrics, Accumulator):
     """Pack samples into micro-batches of ``rows`` rows under token and image budgets.
 
     Why whole micro-batches rather than rows: the image budget (``max_images_per_batch``) is
@@ -60,8 +60,10 @@ class MMPack(Accumulator):
     >>> b = next(MMPack(ListSource(docs), seq_len=8, rows=1, patch_dim=12, max_images_per_batch=2, mrope=False))
     >>> b["input"].tolist(), b["labels"].tolist()
     ([[1, 2, 3, 4, 5, 1, 2, 3]], [[2, 3, 4, 5, 1, 2, 3, -100]])
-    >>> b["provenance"]   # (dataset, shard, record, epoch, tok_start, tok_end) per sample
+    >>> [tuple(map(tuple, row)) for row in b["provenance"]]   # a Provenance per sample
     [((0, -1, -1, -1, 0, 5), (1, -1, -1, -1, 0, 3))]
+    >>> b["provenance"][0][1].tok_end
+    3
     """
 
     node_type = "mm_pack"
@@ -94,7 +96,7 @@ class MMPack(Accumulator):
         self.ignore_ids = np.asarray(sorted({int(i) for i in ignore_ids}), dtype=np.int64)
         self.clear()
         # observability (not part of the data)
-        self.batches_out = 0
+        self.rows_out = 0
         self.pad_tokens = 0
         self.images_out = 0
 
@@ -104,11 +106,9 @@ class MMPack(Accumulator):
         yield f"max_images_per_batch={self.max_images_per_batch}"
         yield f"flush_every={self.flush_every}"
 
-    @property
-    def efficiency(self) -> float:
-        """Share of non-padding tokens in the micro-batches emitted so far."""
-        total = self.batches_out * self.rows * self.row_len
-        return 1.0 - self.pad_tokens / total if total else 1.0
+    def extra_metrics(self) -> dict[str, Any]:
+        """The packing counters, and the images emitted."""
+        return {**super().extra_metrics(), "images": self.images_out}
 
     # -- accumulator hooks ------------------------------------------------------------------
     def clear(self) -> None:
@@ -179,10 +179,10 @@ class MMPack(Accumulator):
         grids: list[np.ndarray] = []
         per_row = np.zeros(B, dtype=np.int64)
         labels = np.full((B, L - 1), IGNORE_INDEX, dtype=np.int64)
-        prov: list[tuple[tuple[int, ...], ...]] = []
+        prov: list[tuple[Provenance, ...]] = []
         for r in range(B):
             pos = 0
-            prov.append(tuple(_provenance(doc, lo, hi) for doc, lo, hi in self._segs[r]))
+            prov.append(tuple(Provenance.of(doc, lo, hi) for doc, lo, hi in self._segs[r]))
             for j, (doc, lo, hi) in enumerate(self._segs[r]):
                 k = hi - lo
                 tokens[r, pos : pos + k] = doc.tokens[lo:hi]
@@ -209,7 +209,7 @@ class MMPack(Accumulator):
                     lab[np.isin(lab, self.ignore_ids)] = IGNORE_INDEX
                 labels[r, : used - 1] = lab
             self.pad_tokens += L - used
-        self.batches_out += 1
+        self.rows_out += self.rows
         self.images_out += int(per_row.sum())
         out = {
             "input": tokens[:, :-1],
@@ -225,12 +225,3 @@ class MMPack(Accumulator):
         if mrope is not None:
             out["mrope_positions"] = mrope[:, :-1]
         self.emit(out)
-
-
-def _provenance(doc: Any, lo: int, hi: int) -> tuple[int, ...]:
-    """(dataset, shard, record, epoch, tok_start, tok_end) of tokens ``lo:hi`` of ``doc``."""
-    item = getattr(doc, "item", None)
-    off = int(getattr(doc, "offset", 0) or 0)
-    if item is None:
-        return (int(doc.dataset), -1, -1, -1, off + int(lo), off + int(hi))
-    return (int(item.dataset), int(item.shard), int(item.record), int(item.epoch), off + int(lo), off + int(hi))

@@ -22,15 +22,17 @@ from torchdata.nodes import BaseNode
 
 from zephon.engine import Accumulator
 
-__all__ = ["ALGORITHMS", "IGNORE_INDEX", "Pack"]
+from .rows import IGNORE_INDEX, PackingMetrics, Provenance
 
+__all__ = ["ALGORITHMS", "Pack"]
+
+#: packing algorithms: ``greedy`` splits documents across rows; the two others never split one
 ALGORITHMS = ("greedy", "first_fit", "best_fit")
-IGNORE_INDEX = -100
 
-Segment = tuple[np.ndarray, int, tuple]  # tokens, dataset, provenance
+Segment = tuple[np.ndarray, int, Provenance]  # tokens, dataset, provenance
 
 
-class Pack(Accumulator):
+class Pack(PackingMetrics, Accumulator):
     """Pack documents (objects with ``tokens`` and ``dataset``) into rows of ``seq_len + 1`` tokens."""
 
     node_type = "pack"
@@ -61,27 +63,11 @@ class Pack(Accumulator):
         self.tokens_in = 0
         self.rows_out = 0
         self.pad_tokens = 0
-        self.skipped = 0
 
     def _repr_args(self):
         yield f"seq_len={self.seq_len}"
         yield self.algorithm
         yield f"flush_every={self.flush_every}"
-
-    @property
-    def efficiency(self) -> float:
-        """Share of non-padding tokens in the rows emitted so far."""
-        total = self.rows_out * self.row_len
-        return 1.0 - self.pad_tokens / total if total else 1.0
-
-    def extra_metrics(self) -> dict[str, Any]:
-        """Rows emitted, padding share and documents packed, for the pipeline metrics."""
-        return {
-            "rows": self.rows_out,
-            "efficiency": round(self.efficiency, 6),
-            "pad_tokens": self.pad_tokens,
-            "row_tokens": self.rows_out * self.row_len,
-        }
 
     # -- accumulator hooks ------------------------------------------------------------------
     def clear(self) -> None:
@@ -92,22 +78,16 @@ class Pack(Accumulator):
 
     def accept(self, doc: Any) -> None:
         tokens = doc.tokens
-        if getattr(doc, "skipped", None):
-            self.skipped += 1
-            return
         n = len(tokens)
         if n == 0:
             return
         self.tokens_in += n
-        item = getattr(doc, "item", None)
-        base = (item.dataset, item.shard, item.record, item.epoch) if item is not None else (doc.dataset, -1, -1, -1)
-        offset = getattr(doc, "offset", 0)
         if self.algorithm == "greedy":
-            self._accept_greedy(tokens, doc.dataset, base, offset)
+            self._accept_greedy(doc)
             return
         for start in range(0, n, self.row_len):
             piece = tokens[start : start + self.row_len]
-            self._place(piece, doc.dataset, base + (offset + start, offset + start + len(piece)))
+            self._place(piece, doc.dataset, Provenance.of(doc, start, start + len(piece)))
 
     def flush(self) -> None:
         bins, used = self._bins, self._used
@@ -117,7 +97,8 @@ class Pack(Accumulator):
                 self._emit_row(segs, u)
 
     # -- algorithms -------------------------------------------------------------------------
-    def _accept_greedy(self, tokens: np.ndarray, dataset: int, base: tuple, offset: int) -> None:
+    def _accept_greedy(self, doc: Any) -> None:
+        tokens, dataset = doc.tokens, doc.dataset
         if not self._bins:
             self._bins, self._used = [[]], [0]
         pos = 0
@@ -125,14 +106,14 @@ class Pack(Accumulator):
         while pos < n:
             room = self.row_len - self._used[0]
             take = min(room, n - pos)
-            self._bins[0].append((tokens[pos : pos + take], dataset, base + (offset + pos, offset + pos + take)))
+            self._bins[0].append((tokens[pos : pos + take], dataset, Provenance.of(doc, pos, pos + take)))
             self._used[0] += take
             pos += take
             if self._used[0] == self.row_len:
                 self._emit_row(self._bins[0], self.row_len)
                 self._bins, self._used = ([[]], [0]) if pos < n else ([], [])
 
-    def _place(self, piece: np.ndarray, dataset: int, prov: tuple) -> None:
+    def _place(self, piece: np.ndarray, dataset: int, prov: Provenance) -> None:
         n = len(piece)
         target = -1
         if self.algorithm == "first_fit":

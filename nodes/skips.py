@@ -9,7 +9,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from zephon.data.datasets import DataError
-from zephon.engine import StateError, ZNode
+from zephon.engine import UPSTREAM, StateError, ZNode
 
 __all__ = ["SkipCounter"]
 
@@ -74,9 +74,6 @@ class SkipCounter(ZNode[Any]):
         self.skipped = [0] * n
         self.detail: dict[tuple, int] = {}
 
-    def upstreams(self) -> list[BaseNode]:
-        return [self.source]
-
     def _repr_args(self):
         yield f"datasets={self.names}"
         yield f"skipped={sum(self.skipped)}"
@@ -89,7 +86,7 @@ class SkipCounter(ZNode[Any]):
             return
         try:
             seen, skipped, detail = initial_state["seen"], initial_state["skipped"], initial_state["detail"]
-            upstream = initial_state["upstream"]
+            upstream = initial_state[UPSTREAM]
         except KeyError as e:
             raise StateError(f"{self!r}: state lacks {e}; it is truncated or from another version") from None
         n = len(self.names)
@@ -104,7 +101,7 @@ class SkipCounter(ZNode[Any]):
         detail = [[d, s, r, c] for (d, s, r), c in sorted(self.detail.items())]
         return self._tagged(
             {
-                "upstream": self.source.state_dict(),
+                UPSTREAM: self.source.state_dict(),
                 "seen": list(self.seen),
                 "skipped": list(self.skipped),
                 "detail": detail,

@@ -9,7 +9,9 @@ process workers load the tokenizer once.
 
 from __future__ import annotations
 
+import collections
 import itertools
+import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -19,11 +21,10 @@ from zephon.data.datasets import BadRecord, DatasetIndex
 from zephon.data.tokenizer import TextTokenizer
 from zephon.engine import ProcessLocal
 
+from .policy import ON_ERROR, skip_hint
 from .worksource import WorkItem
 
-__all__ = ["ON_ERROR", "FetchTokenize", "TokDoc"]
-
-ON_ERROR = ("raise", "skip")
+__all__ = ["FetchTokenize", "TokDoc"]
 
 
 class TokDoc(NamedTuple):
@@ -52,10 +53,8 @@ class _DocCache:
     """
 
     def __init__(self, size: int) -> None:
-        import collections
-        import threading
-
-        self.size, self._d, self._lock = size, collections.OrderedDict(), threading.Lock()
+        self.size, self._lock = size, threading.Lock()
+        self._d: collections.OrderedDict[Any, Any] = collections.OrderedDict()
         self._pending: dict[Any, Any] = {}  # key -> threading.Event while a caller tokenizes it
 
     def claim(self, key: Any) -> Any:
@@ -140,7 +139,7 @@ class FetchTokenize(ProcessLocal):
         for i, t in enumerate(texts):
             if isinstance(t, BadRecord):
                 if self.on_error[items[i].dataset] == "raise":
-                    raise t.to_error()
+                    raise t.to_error(skip_hint(self.datasets[items[i].dataset].name))
                 out[i] = TokDoc(empty, items[i].dataset, items[i], f"{t.locator}: {t.reason}")
         if good:
             encoded = self._encode([items[i] for i in good], [texts[i] for i in good])
@@ -192,7 +191,7 @@ class FetchTokenize(ProcessLocal):
                 for j, toks in zip(todo, self.tokenizer.encode_batch([texts[j] for j in todo])):
                     out[j] = toks
             for key, j in owned.items():
-                cache.put(key, out[j])  # type: ignore[arg-type]
+                cache.put(key, out[j])
         finally:
             for key in owned:
                 cache.release(key)  # no-op after put; frees waiters if encoding failed

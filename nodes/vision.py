@@ -38,9 +38,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from zephon.data.datasets import BadRecord, DataError
-from zephon.data.datasets.errors import SKIP_HINT
 from zephon.engine import ProcessLocal
 
+from .policy import skip_hint
 from .tokenize import FetchTokenize
 from .worksource import WorkItem
 
@@ -48,6 +48,7 @@ __all__ = [
     "SPECIAL_NAMES",
     "FetchVision",
     "ImageError",
+    "LayoutSpan",
     "MMDoc",
     "VisionConfig",
     "decode_image",
@@ -55,6 +56,7 @@ __all__ = [
     "patchify",
     "preprocess_image",
     "preprocess_patches",
+    "sample_layout",
     "smart_resize",
 ]
 
@@ -147,7 +149,7 @@ def smart_resize(
     return h_bar, w_bar
 
 
-def decode_image(data: bytes, max_image_pixels: int = 64_000_000):
+def decode_image(data: bytes, max_image_pixels: int = 64_000_000) -> Any:
     """Encoded bytes -> an RGB ``PIL.Image`` with EXIF orientation applied.
 
     The size is checked from the header before any pixel is decoded: zero pixels or more than
@@ -187,12 +189,12 @@ def decode_image(data: bytes, max_image_pixels: int = 64_000_000):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             im.load()
-            im = ImageOps.exif_transpose(im)
-            if im.mode != "RGB":
-                im = im.convert("RGB")
+            img: Image.Image = ImageOps.exif_transpose(im)
+            if img.mode != "RGB":
+                img = img.convert("RGB")
     except Exception as e:
         raise ImageError(f"corrupt or truncated image data ({type(e).__name__}: {e})") from None
-    return im
+    return img
 
 
 def _decode_resized(data: bytes, cfg: VisionConfig):
@@ -331,6 +333,43 @@ def mrope_positions(tokens: np.ndarray, image_id: int, grids: np.ndarray, merge_
     return out
 
 
+class LayoutSpan(NamedTuple):
+    """One piece of an image-text sample's token sequence: ``kind`` is "bos", "text", "image"
+    (a vision block: ``<|vision_start|>``, placeholders, ``<|vision_end|>``) or "eos";
+    ``segment`` its index among the record's segments (-1 for BOS/EOS); tokens ``start:stop``."""
+
+    kind: str
+    segment: int
+    start: int
+    stop: int
+
+
+def sample_layout(lengths: Sequence[tuple[str, int]], *, bos: bool, eos: bool) -> list[LayoutSpan]:
+    """The token layout of one image-text sample, the one rule that :class:`FetchVision` builds
+    samples by and provenance reads them back with: [BOS], then each segment in record order
+    (a caption's text tokens, or an image's vision block), then [EOS].
+
+    ``lengths[j]`` is ``("text", tokens)`` or ``("image", tokens of the block, start and end
+    included)`` for segment ``j``.
+
+    >>> [tuple(s) for s in sample_layout([("image", 6), ("text", 3)], bos=True, eos=True)]
+    [('bos', -1, 0, 1), ('image', 0, 1, 7), ('text', 1, 7, 10), ('eos', -1, 10, 11)]
+    """
+    out: list[LayoutSpan] = []
+    pos = 0
+    if bos:
+        out.append(LayoutSpan("bos", -1, 0, 1))
+        pos = 1
+    for j, (kind, n) in enumerate(lengths):
+        if kind not in ("text", "image"):
+            raise ValueError(f"a sample segment is 'text' or 'image', got {kind!r}")
+        out.append(LayoutSpan(kind, j, pos, pos + int(n)))
+        pos += int(n)
+    if eos:
+        out.append(LayoutSpan("eos", -1, pos, pos + 1))
+    return out
+
+
 class MMDoc(NamedTuple):
     """One sample for :class:`zephon.nodes.MMPack`: tokens with placeholder runs, the
     concatenated patches of its images, their grids, optional MRoPE positions.
@@ -404,7 +443,7 @@ class FetchVision(ProcessLocal):
         loc = getattr(rec, "locator", None)
         if self.on_error[it.dataset] == "raise":
             name = self.datasets[it.dataset].name
-            raise DataError(reason, dataset=name, file=file, locator=loc, fix=SKIP_HINT(name))
+            raise DataError(reason, dataset=name, file=file, locator=loc, fix=skip_hint(name))
         return MMDoc(np.zeros(0, np.int32), it.dataset, it, skipped=f"{reason} ({file}, {loc})")
 
     def _skip(self, it: WorkItem, reason: str) -> MMDoc:
@@ -449,20 +488,16 @@ class FetchVision(ProcessLocal):
                 out[i] = self._bad(it, rec, str(e))
                 continue
             prepared[i] = segs
-        encoded = [np.asarray(e.ids, dtype=np.int32) for e in self.tokenizer._encodings(texts)] if texts else []
+        encoded = self.tokenizer.encode_content(texts) if texts else []
         for i, segs in prepared.items():
             out[i] = self._assemble(items[i], records[i], segs, encoded)
         return out  # type: ignore[return-value]
 
     def _assemble(self, it: WorkItem, rec: Any, segs: list[Any], encoded: list[np.ndarray]) -> MMDoc:
         v, sp, tok = self.vision, self.special, self.tokenizer
-        parts: list[np.ndarray] = []
-        if tok.add_bos:
-            parts.append(np.array([tok.bos_id], np.int32))
-        patches, grids = [], []
         m2 = v.merge_size * v.merge_size
-        last_image_end = 0
-        n = len(parts[0]) if parts else 0
+        lengths: list[tuple[str, int]] = []
+        patches, grids = [], []
         for kind, val in segs:
             if kind == "t":
                 ids = encoded[val]
@@ -473,26 +508,29 @@ class FetchVision(ProcessLocal):
                         "the text contains an image/vision placeholder token; it would "
                         "misalign images and placeholders",
                     )
-                parts.append(ids)
-                n += len(ids)
+                lengths.append(("text", len(ids)))
             else:
                 p, g = val
-                k = int(g.prod()) // m2
-                run = np.full(k + 2, sp["image"], np.int32)
-                run[0], run[-1] = sp["vision_start"], sp["vision_end"]
-                parts.append(run)
-                n += k + 2
-                last_image_end = n
+                lengths.append(("image", int(g.prod()) // m2 + 2))
                 patches.append(p)
                 grids.append(g)
-        if tok.add_eos:
-            parts.append(np.array([tok.eos_id], np.int32))
-            n += 1
         if len(grids) > v.max_images_per_batch or (v.max_images_per_row and len(grids) > v.max_images_per_row):
             limit = "max_images_per_batch" if len(grids) > v.max_images_per_batch else "max_images_per_row"
             return self._skip(it, f"sample has {len(grids)} images, more than [vision].{limit}")
-        tokens = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        layout = sample_layout(lengths, bos=tok.add_bos, eos=tok.add_eos)
+        n = layout[-1].stop if layout else 0
+        tokens = np.empty(n, np.int32)
+        for span in layout:
+            if span.kind == "text":
+                tokens[span.start : span.stop] = encoded[segs[span.segment][1]]
+            elif span.kind == "image":
+                tokens[span.start] = sp["vision_start"]
+                tokens[span.start + 1 : span.stop - 1] = sp["image"]
+                tokens[span.stop - 1] = sp["vision_end"]
+            else:
+                tokens[span.start] = tok.bos_id if span.kind == "bos" else tok.eos_id
         if n > self.row_len:
+            last_image_end = max((s.stop for s in layout if s.kind == "image"), default=0)
             if last_image_end > self.row_len:
                 return self._skip(
                     it,

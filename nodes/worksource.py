@@ -54,11 +54,17 @@ class WorkItem(NamedTuple):
 
 @dataclass
 class DatasetPlan:
-    """What the WorkSource knows of a dataset: sizes and byte lengths, no contents."""
+    """What the WorkSource knows of a dataset: its shard sizes and each record's weight, no contents.
+
+    ``record_weight(shard)`` is an int64 array with one weight per record of the shard, in the
+    unit that ``tokens_per_byte`` turns into estimated tokens: the record's byte size for text
+    (tokens per byte measured), its estimated tokens for image-text records (``tokens_per_byte``
+    1), or 1 per record when mixing by samples.
+    """
 
     name: str
     shard_sizes: Sequence[int]
-    record_bytes: Callable[[int], np.ndarray]  # shard -> byte size of each record
+    record_weight: Callable[[int], np.ndarray]
     tokens_per_byte: float = 1.0
     tokens_per_record: float = 0.0  # fixed per-record extra (BOS/EOS)
     policy: str = "repeat"
@@ -74,11 +80,28 @@ class DatasetPlan:
         if not self.tokens_per_byte > 0:
             raise ValueError(f"dataset {self.name!r}: tokens_per_byte must be > 0, got {self.tokens_per_byte}")
 
-    def parts(self, nbytes: int) -> int:
-        """How many parts a record of ``nbytes`` is planned as (from its estimated tokens)."""
+    def parts(self, weight: int) -> int:
+        """How many parts a record of ``weight`` is planned as (from its estimated tokens)."""
         if not self.split_tokens:
             return 1
-        return max(1, math.ceil((nbytes * self.tokens_per_byte + self.tokens_per_record) / self.split_tokens))
+        return max(1, math.ceil((weight * self.tokens_per_byte + self.tokens_per_record) / self.split_tokens))
+
+    @staticmethod
+    def part_weight(weight: int, part: int, parts: int) -> int:
+        """The share of a record's ``weight`` that part ``part`` of ``parts`` carries (the parts'
+        shares add up to the weight exactly).
+
+        >>> [DatasetPlan.part_weight(10, i, 3) for i in range(3)]
+        [3, 3, 4]
+        """
+        return (part + 1) * weight // parts - part * weight // parts
+
+    def estimated_tokens(self, item: WorkItem) -> float:
+        """The estimated tokens of one planned item (a record, or one part of a long one; the
+        fixed BOS/EOS tokens count with the first part)."""
+        weight = int(self.record_weight(item.shard)[item.record])
+        share = self.part_weight(weight, item.part, item.parts)
+        return share * self.tokens_per_byte + (self.tokens_per_record if item.part == 0 else 0.0)
 
     @property
     def stream_length(self) -> int | None:
@@ -195,9 +218,23 @@ class WorkPlan:
         """The work source node of ``lane`` (a fresh node at the start of the plan)."""
         return LaneWorkSource(self, lane)
 
-    def expected_shares(self, phase: int = 0) -> dict[str, float]:
+    def target_shares(self, phase: int = 0) -> dict[str, float]:
         """Token share per dataset name the mixing converges to in ``phase``."""
         return dict(zip((d.name for d in self.datasets), self.schedule.weights(phase)))
+
+    def simulated_shares(self, draws: int = 4000, lane: int = 0) -> dict[str, float]:
+        """Estimated token share per dataset over a lane's first ``draws`` items, from metadata
+        alone (the WorkSource run without reading a record): what the mixing delivers early on."""
+        src = self.lane(lane)
+        est = np.zeros(len(self.datasets))
+        for _ in range(draws):
+            try:
+                it = next(src)
+            except StopIteration:
+                break
+            est[it.dataset] += self.datasets[it.dataset].estimated_tokens(it)
+        total = est.sum()
+        return {d.name: float(e / total) if total else 0.0 for d, e in zip(self.datasets, est)}
 
 
 class LaneWorkSource(ZNode[WorkItem]):
@@ -362,9 +399,9 @@ class LaneWorkSource(ZNode[WorkItem]):
         i = self.part[d]
         first = i == 0
         q, epoch, shard, record = self._locate_count(d, self.count[d] - (0 if first else 1))
-        nbytes = int(ds.record_bytes(shard)[record])
-        parts = ds.parts(nbytes)
-        share = (i + 1) * nbytes // parts - i * nbytes // parts  # this part's bytes, exact in total
+        weight = int(ds.record_weight(shard)[record])
+        parts = ds.parts(weight)
+        share = ds.part_weight(weight, i, parts)
         self.draws += 1
         if first:
             self.count[d] += 1

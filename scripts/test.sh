@@ -9,5 +9,9 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "note: could not install chromium; tests/test_browser.py will skip"
 fi
+# the gates that keep the tree readable: lint, format, types (scripts/typecheck.sh)
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+bash scripts/typecheck.sh
 export TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --timeout=600 "$@"

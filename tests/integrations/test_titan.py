@@ -194,14 +194,10 @@ def test_overrides(recipe_path):
         recipe=recipe_path, workers=2, backend="thread", recipe_seq_len=128, lanes=4, global_batch_size=8, seed=7
     )
     r = cfg.load_recipe()
-    assert (r.workers.count, r.workers.backend, r.seq_len, r.lanes, r.global_batch_size, r.seed) == (
-        2,
-        "thread",
-        128,
-        4,
-        8,
-        7,
-    )
+    assert (r.seq_len, r.lanes, r.global_batch_size, r.seed) == (128, 4, 8, 7)
+    w = cfg.worker_override(r)  # reaches every pool, [vision] and [tokenize] included
+    assert (w.count, w.backend) == (2, "thread")
+    assert zt.ZephonDataLoader.Config(recipe=recipe_path).worker_override(r) is None
     base = Recipe.from_toml(recipe_path)
     # workers are performance only: the data definition (fingerprint) is unchanged
     assert zt.ZephonDataLoader.Config(recipe=recipe_path, workers=2).load_recipe().fingerprint == base.fingerprint

@@ -221,7 +221,11 @@ def test_token_estimates_come_from_the_checkpoint(corpus):
         g.load_state_dict(forged)
         next(g)
         assert g.state_dict()["shared"] == forged["shared"]
-    assert r2.prepare().plan.datasets[0].tokens_per_byte == forged["shared"]["token_estimates"]["web"][0]
+        # every rank plans with the checkpoint's estimates; the recipe itself is left as it was
+        for router in g.routers:
+            plan = router.lane_set.prepared.plan
+            assert plan.datasets[0].tokens_per_byte == forged["shared"]["token_estimates"]["web"][0]
+    assert r2.prepare().plan.datasets[0].tokens_per_byte == state["shared"]["token_estimates"]["web"][0]
 
 
 # -- packing -----------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ _EXPECTED = {}
 
 
 def expected_tokens(recipe: Recipe) -> collections.Counter:
-    key = recipe.add_bos
+    key = recipe.spec.tokenizer.add_bos
     if key not in _EXPECTED:
         p = recipe.prepare()
         c = collections.Counter()

@@ -145,8 +145,8 @@ class TextTokenizer:
 
         if os.path.isfile(tj):
             try:
-                with open(tj, "rb") as f:
-                    raw = f.read()
+                with open(tj, "rb") as fb:
+                    raw = fb.read()
                 tok = Tokenizer.from_str(raw.decode("utf-8"))
             except Exception as e:  # tokenizers raises a plain Exception on bad JSON
                 raise ValueError(
@@ -306,7 +306,7 @@ class TextTokenizer:
         encs = self._encodings(texts)
         lead = 1 if self.add_bos else 0
         extra = lead + (1 if self.add_eos else 0)
-        bos, eos = self.bos_id, self.eos_id
+        bos, eos = self.bos_id or 0, self.eos_id or 0  # set whenever add_bos / add_eos is (checked at load)
         out = []
         for e in encs:
             ids = e.ids
@@ -322,6 +322,16 @@ class TextTokenizer:
                 a[-1] = eos
             out.append(a)
         return out
+
+    def encode_content(self, texts: list[str]) -> list[np.ndarray]:
+        """Token ids of each text as int32 arrays, without BOS/EOS: the pieces of a sample that
+        the caller lays out itself (captions between vision blocks, token estimation)."""
+        return [np.asarray(e.ids, dtype=np.int32) for e in self._encodings(texts)]
+
+    def content_offsets(self, text: str) -> list[tuple[int, int]]:
+        """The character span of each content token of ``text`` (no BOS/EOS), in token order:
+        provenance maps a token range back to the characters and bytes it covers."""
+        return [tuple(o) for o in self._tokenizer().encode(text, add_special_tokens=False).offsets]
 
     def encode(self, text: str) -> np.ndarray:
         """One text; same as ``encode_batch([text])[0]`` (prefer batches on hot paths)."""

@@ -27,6 +27,7 @@ from .accumulator import Accumulator
 from .checkpoint import (
     FORMAT_VERSION,
     SHARED_KEY,
+    check_version,
     decode_state,
     encode_state,
     is_lane_key,
@@ -34,33 +35,39 @@ from .checkpoint import (
     load_state,
     merge_states,
     migrate,
-    register_lane_migration,
     save_state,
 )
 from .lanes import (
     GlobalLoader,
     LaneContext,
+    LaneSet,
     Router,
     batch_sha256,
     check_world_size,
     collate,
+    divisors,
     lanes_of_rank,
     valid_world_sizes,
 )
 from .mapper import OrderedMapper, WorkerError, describe_item
-from .node import PipelineError, StateError, ZNode
+from .node import ANCHOR, EXTRA, SINCE, UPSTREAM, PipelineError, StateError, ZNode, close_node, upstream_nodes
 from .permute import IndexPermutation
 from .seeding import lane_rng, seed_sequence, stable_u64
 from .workers import BACKENDS, PoolSet, ProcessLocal, WorkerConfig, WorkerPool
 
 __all__ = [
+    "ANCHOR",
     "BACKENDS",
+    "EXTRA",
     "FORMAT_VERSION",
     "SHARED_KEY",
+    "SINCE",
+    "UPSTREAM",
     "Accumulator",
     "GlobalLoader",
     "IndexPermutation",
     "LaneContext",
+    "LaneSet",
     "OrderedMapper",
     "PipelineError",
     "PoolSet",
@@ -72,10 +79,13 @@ __all__ = [
     "WorkerPool",
     "ZNode",
     "batch_sha256",
+    "check_version",
     "check_world_size",
+    "close_node",
     "collate",
     "decode_state",
     "describe_item",
+    "divisors",
     "encode_state",
     "is_lane_key",
     "lane_key",
@@ -84,9 +94,9 @@ __all__ = [
     "load_state",
     "merge_states",
     "migrate",
-    "register_lane_migration",
     "save_state",
     "seed_sequence",
     "stable_u64",
+    "upstream_nodes",
     "valid_world_sizes",
 ]

@@ -20,12 +20,13 @@ anchor (e.g. a window counter that keys a random stream).
 
 from __future__ import annotations
 
+import abc
 import collections
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from .node import StateError, ZNode
+from .node import ANCHOR, EXTRA, SINCE, StateError, ZNode
 
 __all__ = ["Accumulator"]
 
@@ -78,21 +79,23 @@ class Accumulator(ZNode[Any]):
         self._done = False
         self.replayed = 0  # outputs re-generated on the last restore (observability)
 
-    # -- operator hooks ---------------------------------------------------------------------
+    # -- operator hooks (the four abstract ones must be written: a forgotten ``buffer_empty``
+    # would let an anchor be taken while items are still held, and resume wrongly) ------------
+    @abc.abstractmethod
     def accept(self, item: Any) -> None:
         """Consume one input; call ``self.emit(x)`` for every output it completes."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def flush(self) -> None:
         """Empty the buffer: emit (or drop, as the operator defines) everything still held."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def clear(self) -> None:
         """Forget buffer contents and set counters to their initial values (called on reset)."""
 
+    @abc.abstractmethod
     def buffer_empty(self) -> bool:
         """True when the operator holds nothing; an anchor may be taken then."""
-        return True
 
     def extra_state(self) -> dict[str, Any]:
         """Small counters needed to replay from the anchor (same keys at every step)."""
@@ -102,15 +105,14 @@ class Accumulator(ZNode[Any]):
         """Restore what :meth:`extra_state` returned."""
 
     def on_flush(self) -> None:
-        """Called after every flush (e.g. to advance a window counter)."""
+        """Called at every flush point: after :meth:`flush`, and when :meth:`accept` emptied the
+        buffer by itself (a window that filled up and was emitted). E.g. advance a window
+        counter."""
 
     # -- machinery --------------------------------------------------------------------------
     def emit(self, item: Any) -> None:
         """Queue one output (call from :meth:`accept` or :meth:`flush`); delivered in order."""
         self._out.append(item)
-
-    def upstreams(self) -> list[BaseNode]:
-        return [self.source]
 
     def _take_anchor(self) -> None:
         self._anchor = self.source.state_dict()
@@ -137,14 +139,14 @@ class Accumulator(ZNode[Any]):
             self.source.reset(None)
             self._take_anchor()
             return
-        for key in ("anchor", "extra", "since"):
+        for key in (ANCHOR, EXTRA, SINCE):
             if key not in initial_state:
                 raise StateError(f"{self!r}: state has no {key!r} entry; it is truncated or not an accumulator state")
-        since = initial_state["since"]
+        since = initial_state[SINCE]
         if not isinstance(since, int) or since < 0:
             raise StateError(f"{self!r}: 'since' must be a non-negative integer, got {since!r}")
-        self.source.reset(initial_state["anchor"])
-        self.load_extra_state(initial_state["extra"])
+        self.source.reset(initial_state[ANCHOR])
+        self.load_extra_state(initial_state[EXTRA])
         self._take_anchor()
         for i in range(since):  # replay: regenerate and drop what was already delivered
             try:
@@ -158,9 +160,11 @@ class Accumulator(ZNode[Any]):
         self.replayed = since
 
     def get_state(self) -> dict[str, Any]:
+        # no side effect: when nothing is held the state is simply "here", the anchor the next
+        # read would take anyway
         if self._pending_anchor and not self._out and self.buffer_empty():
-            self._take_anchor()  # nothing held: the state is simply "here"
-        return self._tagged({"anchor": self._anchor, "extra": dict(self._anchor_extra), "since": self._since})
+            return self._tagged({ANCHOR: self.source.state_dict(), EXTRA: self.extra_state(), SINCE: 0})
+        return self._tagged({ANCHOR: self._anchor, EXTRA: dict(self._anchor_extra), SINCE: self._since})
 
     def _next_output(self) -> Any:
         while not self._out:

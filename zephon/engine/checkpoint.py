@@ -9,6 +9,7 @@ flatten). Parsing is bounded in size and never executes code (no pickle anywhere
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -20,6 +21,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MAX_ENTRY_BYTES",
     "SHARED_KEY",
+    "check_version",
     "decode_state",
     "encode_state",
     "is_lane_key",
@@ -28,7 +30,6 @@ __all__ = [
     "merge_states",
     "migrate",
     "parse_json",
-    "register_lane_migration",
     "save_state",
 ]
 
@@ -138,7 +139,8 @@ def encode_state(state: Mapping[str, Any]) -> dict[str, bytes]:
 
 
 def decode_state(encoded: Mapping[str, Any]) -> dict[str, Any]:
-    """Inverse of :func:`encode_state`, validating every entry."""
+    """Inverse of :func:`encode_state`, validating every entry (an older format stays as it is:
+    the pipeline that loads it migrates its lanes, see :func:`migrate`)."""
     if SHARED_KEY not in encoded:
         raise StateError(f"checkpoint has no {SHARED_KEY!r} entry: it was not written by zephon, or is truncated")
     meta = parse_json(encoded[SHARED_KEY], f"checkpoint entry {SHARED_KEY!r}")
@@ -154,29 +156,26 @@ def decode_state(encoded: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(lane_state, dict):
             raise StateError(f"checkpoint entry {k!r} must be a JSON object")
         state[k] = lane_state
-    return migrate(state)
+    check_version(state)
+    return state
 
 
 # Format history:
 #   1: rank-level entries without "shared"; text lanes had no skip_counter node.
 #   2: "shared" holds derived, rank-independent values (token estimates, data and tokenizer
 #      fingerprints); text lanes count skipped records (skip_counter between mapper and pack).
-_LANE_MIGRATIONS: dict[int, list[Callable[[dict[str, Any]], dict[str, Any]]]] = {}
+# What changed inside a lane's state belongs to the pipeline that builds the lane: its lane
+# set (zephon.engine.LaneSet.lane_migrations) passes its migrations to migrate() explicitly;
+# nothing is registered globally.
 
 
-def register_lane_migration(from_version: int, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-    """Register how a pipeline's lane state moves from ``from_version`` to the next version.
+def check_version(state: Mapping[str, Any]) -> int:
+    """The state's ``format_version``, refusing a missing, corrupt or newer one.
 
-    A migration must recognise its own pipeline's states and return any other state unchanged.
-    """
-    _LANE_MIGRATIONS.setdefault(from_version, []).append(fn)
-
-
-def migrate(state: dict[str, Any]) -> dict[str, Any]:
-    """Bring a state written by an older format version to the current one, explicitly.
-
-    >>> migrate({"format_version": 1, "lane_00000": {}})["format_version"] == FORMAT_VERSION
-    True
+    >>> check_version({"format_version": 99})
+    Traceback (most recent call last):
+    ...
+    zephon.engine.node.StateError: checkpoint format_version 99 is newer than this zephon supports (2); upgrade zephon to load it
     """
     version = state.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool):
@@ -185,22 +184,40 @@ def migrate(state: dict[str, Any]) -> dict[str, Any]:
         )
     if version > FORMAT_VERSION:
         raise StateError(
-            f"checkpoint format_version {version} is newer than this zephon supports ({FORMAT_VERSION}); upgrade zephon to load it"
+            f"checkpoint format_version {version} is newer than this zephon supports ({FORMAT_VERSION}); "
+            "upgrade zephon to load it"
         )
     if version < 1:
         raise StateError(f"no migration from checkpoint format_version {version} to {FORMAT_VERSION}")
+    return version
+
+
+def migrate(
+    state: Mapping[str, Any], lane_migrations: Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]] | None = None
+) -> dict[str, Any]:
+    """Bring a state written by an older format version to the current one, explicitly:
+    the envelope here, each lane's entry with ``lane_migrations[version]`` (the lane set's own,
+    see :class:`zephon.engine.LaneSet`). A current state is returned as it is.
+
+    >>> old = {"format_version": 1, "lane_00000": {"cursor": 1}}
+    >>> new = migrate(old, {1: lambda lane: dict(lane, skipped=0)})
+    >>> new["format_version"] == FORMAT_VERSION, new["shared"], new["lane_00000"]
+    (True, {}, {'cursor': 1, 'skipped': 0})
+    """
+    version = check_version(state)
     if version == FORMAT_VERSION:
-        return state
-    state = dict(state)
+        return dict(state)
+    out = copy.deepcopy(dict(state))
     while version < FORMAT_VERSION:
         if version == 1:
-            state.setdefault("shared", {})
-        for k in [k for k in state if is_lane_key(k)]:
-            for fn in _LANE_MIGRATIONS.get(version, []):
-                state[k] = fn(state[k])
+            out.setdefault("shared", {})
+        fn = (lane_migrations or {}).get(version)
+        if fn is not None:
+            for k in [k for k in out if is_lane_key(k)]:
+                out[k] = fn(out[k])
         version += 1
-        state["format_version"] = version
-    return state
+        out["format_version"] = version
+    return out
 
 
 def save_state(path: str | os.PathLike, state: Mapping[str, Any]) -> None:
@@ -226,4 +243,5 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     state = parse_json(raw, os.fspath(path), max_bytes=limit)
     if not isinstance(state, dict):
         raise StateError(f"{os.fspath(path)}: a zephon state is a JSON object")
-    return migrate(state)
+    check_version(state)
+    return state

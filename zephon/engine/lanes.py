@@ -15,37 +15,49 @@ import math
 import queue
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from .checkpoint import FORMAT_VERSION, lane_key, merge_states
-from .node import PipelineError, StateError, ZNode
+from .checkpoint import FORMAT_VERSION, lane_key, merge_states, migrate
+from .node import PipelineError, StateError, ZNode, close_node, upstream_nodes
 from .seeding import lane_rng
 from .workers import PoolSet, WorkerConfig, WorkerPool
 
 __all__ = [
     "GlobalLoader",
     "LaneContext",
+    "LaneSet",
     "Router",
     "batch_sha256",
     "check_world_size",
     "collate",
+    "divisors",
     "lanes_of_rank",
     "valid_world_sizes",
 ]
 
 
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, ascending (valid world sizes, valid micro-batch sizes).
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def valid_world_sizes(lanes: int) -> list[int]:
-    """The data-parallel sizes a run with ``lanes`` lanes can use (the divisors).
+    """The data-parallel sizes a run with ``lanes`` lanes can use (its divisors).
 
     >>> valid_world_sizes(12)
     [1, 2, 3, 4, 6, 12]
     """
-    return [w for w in range(1, lanes + 1) if lanes % w == 0]
+    return divisors(lanes)
 
 
 def check_world_size(lanes: int, world_size: int) -> None:
@@ -131,6 +143,16 @@ def collate(items: Sequence[Any]) -> Any:
     return list(items)
 
 
+def _plain(value: Any) -> Any:
+    """Tuples (named ones included) and lists as plain ones: a batch's hash is over its data,
+    not over the Python types that carry it."""
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 def batch_sha256(batch: Any) -> str:
     """SHA-256 of a batch: per field in sorted name order its name, dtype, shape and bytes."""
     h = hashlib.sha256()
@@ -150,20 +172,64 @@ def batch_sha256(batch: Any) -> str:
             h.update(arr.tobytes())
         else:
             h.update(name.encode())
-            h.update(repr(value).encode())
+            h.update(repr(_plain(value)).encode())
 
     feed("", batch)
     return h.hexdigest()
 
 
 LaneBuilder = Callable[[LaneContext], BaseNode]
+LaneMigration = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class LaneSet:
+    """How a run builds its lanes, and the rank-independent values they are built from.
+
+    Why: a pipeline may derive values when it starts (a recipe measures tokens per byte to plan
+    its mixture). Those values are data: a resumed run must use the ones the checkpoint was made
+    with, not re-derive them. A lane set saves them in every checkpoint (:meth:`shared_state`)
+    and on restore hands the router the lane set they describe (:meth:`adopt`), without
+    changing itself. It also knows how its lanes' states moved between checkpoint format
+    versions (:attr:`lane_migrations`, applied by the router on restore).
+
+    A plain function of a :class:`LaneContext` is a lane set with no derived values:
+
+    >>> from zephon.engine.testing import RangeSource
+    >>> lanes = LaneSet(lambda ctx: RangeSource(None, ctx.lane, ctx.lanes))
+    >>> next(lanes(LaneContext(seed=0, lane=1, lanes=4))), lanes.shared_state(), lanes.adopt({}) is lanes
+    (1, {}, True)
+    """
+
+    #: checkpoint format version -> the function moving one lane's state to the next version
+    lane_migrations: Mapping[int, LaneMigration] = {}
+
+    def __init__(self, build: LaneBuilder) -> None:
+        self.build = build
+
+    def __call__(self, ctx: LaneContext) -> BaseNode:
+        """The pipeline of lane ``ctx.lane`` (a torchdata node yielding its micro-batches)."""
+        return self.build(ctx)
+
+    def shared_state(self) -> dict[str, Any]:
+        """The derived values to save under the checkpoint's ``shared`` entry (JSON)."""
+        return {}
+
+    def adopt(self, shared: Mapping[str, Any]) -> LaneSet:
+        """The lane set a checkpoint with ``shared`` describes: ``self``, or a new one built from
+        the checkpoint's values. Raises :class:`StateError` naming what changed when the
+        checkpoint cannot be resumed with this pipeline."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({getattr(self.build, '__name__', self.build)!r})"
 
 
 class Router(ZNode[Any]):
     """One rank's view of the run: its lanes, merged in lane order into its local batch.
 
-    ``build_lane(ctx)`` builds one lane's pipeline; it is called lazily for each owned lane.
-    The state is lane-keyed (see :mod:`zephon.checkpoint`), so the states of any W ranks can
+    ``lanes_from`` builds one lane's pipeline from its :class:`LaneContext` (a function, or a
+    :class:`LaneSet` carrying derived values); it is called lazily for each owned lane. The
+    state is lane-keyed (see :mod:`zephon.engine.checkpoint`), so the states of any W ranks can
     be merged and loaded by any other W.
     """
 
@@ -171,7 +237,7 @@ class Router(ZNode[Any]):
 
     def __init__(
         self,
-        build_lane: LaneBuilder,
+        lanes_from: LaneBuilder | LaneSet,
         *,
         lanes: int,
         world_size: int = 1,
@@ -181,8 +247,6 @@ class Router(ZNode[Any]):
         workers: WorkerConfig | None = None,
         pools: PoolSet | None = None,
         collate_fn: Callable[[Sequence[Any]], Any] = collate,
-        shared_state: Callable[[], dict[str, Any]] | None = None,
-        adopt_shared: Callable[[dict[str, Any]], bool] | None = None,
         prefetch: int = 0,
     ) -> None:
         super().__init__()
@@ -199,7 +263,7 @@ class Router(ZNode[Any]):
         if not isinstance(lanes, int) or lanes < 1:
             raise ValueError(f"lanes must be a positive integer, got {lanes!r}")
         self.owned = lanes_of_rank(lanes, world_size, rank)
-        self.build_lane = build_lane
+        self.lane_set = lanes_from if isinstance(lanes_from, LaneSet) else LaneSet(lanes_from)
         self.lanes, self.world_size, self.rank, self.seed = lanes, world_size, rank, seed
         self.fingerprint = fingerprint
         self.workers = workers or WorkerConfig()
@@ -209,10 +273,6 @@ class Router(ZNode[Any]):
         self._lanes: list[BaseNode] | None = None
         self.step = 0  # local batches delivered
         self._produced = 0  # local batches computed (ahead of `step` when prefetching)
-        # rank-independent values the pipeline derived at start (e.g. token estimates): saved
-        # in the checkpoint and adopted on restore, so a resume never silently re-derives them
-        self.shared_state = shared_state
-        self.adopt_shared = adopt_shared
 
     def _repr_args(self):
         yield f"lanes={self.lanes}"
@@ -227,7 +287,7 @@ class Router(ZNode[Any]):
         """The final node of each lane this rank owns, in lane order (for metrics and display)."""
         if self._lanes is None:
             self._lanes = [
-                self.build_lane(
+                self.lane_set(
                     LaneContext(
                         seed=self.seed,
                         lane=l,
@@ -241,13 +301,14 @@ class Router(ZNode[Any]):
             ]
         return self._lanes
 
-    def check_compatible(self, state: dict[str, Any]) -> None:
-        """Refuse a state from another run configuration, naming what changed."""
+    def check_run(self, state: Mapping[str, Any]) -> None:
+        """Refuse a state written by another run configuration, naming what changed (pure: it
+        changes nothing)."""
         fv = state.get("format_version")
         if fv != FORMAT_VERSION:
             raise StateError(
                 f"checkpoint format_version is {fv!r}, this zephon reads {FORMAT_VERSION}; "
-                "load it through zephon.checkpoint.decode_state/migrate"
+                "load it through zephon.decode_state and a pipeline that knows its migrations"
             )
         if state.get("lanes") != self.lanes:
             raise StateError(
@@ -263,10 +324,8 @@ class Router(ZNode[Any]):
         shared = state.get("shared")
         if not isinstance(shared, dict):
             raise StateError(f"checkpoint 'shared' entry must be a JSON object, got {type(shared).__name__}")
-        if self.adopt_shared is not None and self.adopt_shared(shared) and self._lanes is not None:
-            for n in self._lanes:  # built with other derived values: rebuild them
-                getattr(n, "close", lambda: None)()
-            self._lanes = None
+
+    def _check_fingerprint(self, state: Mapping[str, Any]) -> None:
         if state.get("fingerprint") != self.fingerprint:
             raise StateError(
                 f"the recipe changed since the checkpoint was written (fingerprint {state.get('fingerprint')!r} "
@@ -283,19 +342,26 @@ class Router(ZNode[Any]):
             self._start_prefetch()
 
     def _reset_lanes(self, initial_state: dict[str, Any] | None) -> None:
-        nodes = self.lane_nodes
         if initial_state is None:
-            for n in nodes:
+            for n in self.lane_nodes:
                 n.reset(None)
             self.step = self._produced = 0
             return
-        self.check_compatible(initial_state)
+        initial_state = migrate(initial_state, self.lane_set.lane_migrations)
+        self.check_run(initial_state)
+        # the derived values the checkpoint was made with (data and tokenizer checked, naming
+        # what changed); a lane set built from other values replaces ours before any lane resets
+        lane_set = self.lane_set.adopt(initial_state["shared"])
+        self._check_fingerprint(initial_state)
+        if lane_set is not self.lane_set:
+            self._close_lanes()
+            self.lane_set = lane_set
         nodes = self.lane_nodes
         missing = [lane_key(l) for l in self.owned if lane_key(l) not in initial_state]
         if missing:
             raise StateError(
                 f"rank {self.rank}/{self.world_size} needs {len(missing)} lane entries that the checkpoint lacks "
-                f"(first: {missing[0]}); merge the states of all ranks that wrote it (zephon.checkpoint.merge_states)"
+                f"(first: {missing[0]}); merge the states of all ranks that wrote it (zephon.merge_states)"
             )
         step = initial_state.get("step")
         if not isinstance(step, int) or step < 0:
@@ -320,9 +386,12 @@ class Router(ZNode[Any]):
     def next(self) -> Any:
         if not self.prefetch:
             return self._compute()
+        q = self._queue
+        if q is None:
+            raise PipelineError(f"{self!r}: the prefetch thread is not running; reset() the router first")
         while True:
             try:
-                kind, value, state = self._queue.get(timeout=1.0)
+                kind, value, state = q.get(timeout=1.0)
                 break
             except queue.Empty:
                 if self._thread is None or not self._thread.is_alive():
@@ -331,7 +400,7 @@ class Router(ZNode[Any]):
             self._delivered = state
             self.step = state["step"]  # the step delivered, not the one the thread is computing
             return value
-        self._queue.put((kind, value, state))  # keep raising the same end / error
+        q.put((kind, value, state))  # keep raising the same end / error
         if kind == "end":
             raise StopIteration
         raise value
@@ -347,9 +416,10 @@ class Router(ZNode[Any]):
 
     def _produce(self, stop: threading.Event, q: queue.Queue) -> None:
         while not stop.is_set():
+            item: tuple[str, Any, dict[str, Any] | None]
             try:
-                item = ("ok", self._compute(), None)
-                item = ("ok", item[1], self._snapshot())
+                value = self._compute()
+                item = ("ok", value, self._snapshot())
             except StopIteration:
                 item = ("end", None, None)
             except BaseException as e:  # surfaced in the consumer's next()
@@ -368,10 +438,11 @@ class Router(ZNode[Any]):
         if t is None:
             return
         self._stop.set()
+        q = self._queue
         while t.is_alive():
             try:
-                while True:
-                    self._queue.get_nowait()
+                while q is not None:
+                    q.get_nowait()
             except queue.Empty:
                 pass
             t.join(timeout=0.1)
@@ -382,12 +453,21 @@ class Router(ZNode[Any]):
         return {l: (n.pipeline_metrics() if isinstance(n, ZNode) else []) for l, n in zip(self.owned, self.lane_nodes)}
 
     def summary_metrics(self) -> dict[str, dict[str, Any]]:
-        """Metrics summed over this rank's lanes, per node type: items, seconds, and each node's
-        numeric counters (skips, rows, pad tokens...)."""
+        """Metrics summed over this rank's lanes, per node class: items, seconds, and each node's
+        numeric counters (skips, rows, pad tokens...); each node type recomputes its own ratios
+        from the sums (:meth:`ZNode.summarize_metrics`)."""
         out: dict[str, dict[str, Any]] = {}
+        classes: dict[str, type[ZNode]] = {}
+        for lane in self.lane_nodes:
+            stack = [lane]
+            while stack:
+                n = stack.pop()
+                if isinstance(n, ZNode):
+                    classes.setdefault(type(n).__name__, type(n))
+                stack.extend(upstream_nodes(n))
         for nodes in self.lane_metrics().values():
             for m in nodes:
-                agg = out.setdefault(m["node"], {})
+                agg = out.setdefault(m["node"], {"node_type": m.get("node_type")})
                 for k, v in m.items():
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
                         agg[k] = agg.get(k, 0) + v
@@ -395,12 +475,12 @@ class Router(ZNode[Any]):
                         d = agg.setdefault(k, {})
                         for kk, vv in v.items():
                             d[kk] = d.get(kk, 0) + vv
-        for agg in out.values():
+        for name, agg in out.items():
             if agg.get("busy_s"):
                 agg["items_per_s"] = agg["items"] / agg["busy_s"]
-        for agg in out.values():
-            if agg.get("row_tokens"):  # ratios are recomputed from the summed counters
-                agg["efficiency"] = 1 - agg["pad_tokens"] / agg["row_tokens"]
+            cls = classes.get(name)
+            if cls is not None:
+                out[name] = cls.summarize_metrics(agg)
         return out
 
     def get_state(self) -> dict[str, Any]:
@@ -416,7 +496,7 @@ class Router(ZNode[Any]):
                 "seed": self.seed,
                 "fingerprint": self.fingerprint,
                 "step": self._produced,
-                "shared": self.shared_state() if self.shared_state is not None else {},
+                "shared": self.lane_set.shared_state(),
             }
         )
         for l, n in zip(self.owned, self.lane_nodes):
@@ -427,20 +507,22 @@ class Router(ZNode[Any]):
         self._stop_prefetch()
         if self._own_pools:
             # lanes first (they cancel pending tasks), then the pools they shared
-            for n in self._lanes or []:
-                close = getattr(n, "close", None)
-                if close is not None:
-                    close()
+            self._close_lanes()
             self.pools.close()
+
+    def _close_lanes(self) -> None:
+        lanes, self._lanes = self._lanes or [], None
+        for n in lanes:
+            close_node(n)
 
 
 class GlobalLoader:
     """W routers in one process: global batches and merged states, for tests and ``zephon hashes``."""
 
-    def __init__(self, build_lane: LaneBuilder, *, lanes: int, world_size: int, **router_kwargs: Any) -> None:
+    def __init__(self, lanes_from: LaneBuilder | LaneSet, *, lanes: int, world_size: int, **router_kwargs: Any) -> None:
         check_world_size(lanes, world_size)
         self.routers = [
-            Router(build_lane, lanes=lanes, world_size=world_size, rank=r, **router_kwargs) for r in range(world_size)
+            Router(lanes_from, lanes=lanes, world_size=world_size, rank=r, **router_kwargs) for r in range(world_size)
         ]
 
     def __iter__(self) -> Iterator[Any]:

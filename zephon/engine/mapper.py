@@ -23,7 +23,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from .node import PipelineError, StateError, ZNode
+from .node import ANCHOR, SINCE, PipelineError, StateError, ZNode
 from .workers import WorkerConfig, WorkerPool
 
 __all__ = ["OrderedMapper", "WorkerError", "describe_item"]
@@ -143,13 +143,9 @@ class OrderedMapper(ZNode[Any]):
         self._results: list[Any] = []
         self._pos = 0  # position within the current task's results
         self._pulled = 0  # items pulled from upstream
-        self._delivered = 0
         self._exhausted = False
         self._error: WorkerError | None = None
         self._wait = 0.0  # seconds the consumer waited for workers
-
-    def upstreams(self) -> list[BaseNode]:
-        return [self.source]
 
     def _repr_args(self):
         yield self.name
@@ -167,13 +163,13 @@ class OrderedMapper(ZNode[Any]):
         self._error = None
         if initial_state is None:
             self.source.reset(None)
-            self._pulled = self._delivered = 0
+            self._pulled = 0
             return
-        since = initial_state.get("since")
+        since = initial_state.get(SINCE)
         if not isinstance(since, int) or since < 0:
             raise StateError(f"{self!r}: 'since' must be a non-negative integer, got {since!r}")
-        self.source.reset(initial_state["anchor"])
-        self._pulled = self._delivered = 0
+        self.source.reset(initial_state[ANCHOR])
+        self._pulled = 0
         for i in range(since):  # skip what was delivered, without mapping it
             try:
                 next(self.source)
@@ -182,7 +178,7 @@ class OrderedMapper(ZNode[Any]):
                     f"{self!r}: the upstream ended after {i} of the {since} items to skip on restore; "
                     "the data changed since the checkpoint was written"
                 ) from None
-        self._pulled = self._delivered = since
+        self._pulled = since
 
     def get_state(self) -> dict[str, Any]:
         if self._current is not None and self._pos < len(self._current.items):
@@ -191,7 +187,7 @@ class OrderedMapper(ZNode[Any]):
             anchor, since = self._tasks[0].anchor, 0
         else:
             anchor, since = self.source.state_dict(), 0
-        return self._tagged({"anchor": anchor, "since": since})
+        return self._tagged({ANCHOR: anchor, SINCE: since})
 
     def next(self) -> Any:
         while self._current is None or self._pos >= len(self._results):
@@ -208,7 +204,6 @@ class OrderedMapper(ZNode[Any]):
         out = self._results[self._pos]
         self._results[self._pos] = None  # free memory early
         self._pos += 1
-        self._delivered += 1
         return out
 
     # -- internals --------------------------------------------------------------------------

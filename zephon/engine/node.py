@@ -10,14 +10,36 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from torchdata.nodes import BaseNode
 
 T = TypeVar("T")
 
-__all__ = ["PipelineError", "StateError", "ZNode", "check_state", "json_roundtrip"]
+# State keys shared by the nodes that checkpoint by anchor and replay (one vocabulary):
+#: the upstream's state at the point replay starts from
+ANCHOR = "anchor"
+#: outputs (or items) delivered since the anchor, regenerated and dropped on restore
+SINCE = "since"
+#: an accumulator's small counters at the anchor (window numbers...)
+EXTRA = "extra"
+#: the upstream's current state, for a node that holds nothing itself
+UPSTREAM = "upstream"
+
+__all__ = [
+    "ANCHOR",
+    "EXTRA",
+    "SINCE",
+    "UPSTREAM",
+    "PipelineError",
+    "StateError",
+    "ZNode",
+    "check_state",
+    "close_node",
+    "json_roundtrip",
+    "upstream_nodes",
+]
 
 
 class StateError(ValueError):
@@ -53,6 +75,55 @@ def json_roundtrip(state: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(state, sort_keys=True, allow_nan=False))
 
 
+def upstream_nodes(node: Any) -> list[Any]:
+    """The nodes ``node`` reads from: a zephon node's :meth:`ZNode.upstreams`; for a node of
+    another library (torchdata's own), its ``source`` / ``root`` / ``source_nodes``.
+
+    >>> from torchdata.nodes import Batcher, IterableWrapper
+    >>> src = IterableWrapper(range(4))
+    >>> upstream_nodes(Batcher(src, batch_size=2)) == [src]
+    True
+    """
+    if isinstance(node, ZNode):
+        return list(node.upstreams())
+    out = [v for v in (getattr(node, "source", None), getattr(node, "root", None)) if isinstance(v, BaseNode)]
+    sources = getattr(node, "source_nodes", None)
+    if isinstance(sources, Mapping):
+        out.extend(v for v in sources.values() if isinstance(v, BaseNode))
+    return out
+
+
+def close_node(node: Any) -> None:
+    """Close ``node`` and everything upstream of it, whichever library each node comes from.
+
+    Why: a pipeline may mix zephon nodes (explicit :meth:`ZNode.close`) with torchdata's own
+    (which stop their threads only when garbage-collected): closing the last node must still
+    stop every thread and worker pool underneath. A node with ``shutdown()`` or ``close()`` is
+    asked to stop; torchdata 0.11's threaded nodes (``Prefetcher``, ``ParallelMapper``,
+    ``PinMemory``) keep their threads in an iterator whose ``_shutdown()`` stops them (they have
+    no public way yet); then the walk goes on upstream.
+    """
+    seen: set[int] = set()
+
+    def walk(n: Any) -> None:
+        if id(n) in seen:
+            return
+        seen.add(id(n))
+        if isinstance(n, ZNode):
+            n.close()  # closes its own upstreams (through this function)
+            return
+        stop = getattr(n, "shutdown", None) or getattr(n, "close", None)
+        if callable(stop):
+            stop()
+        it = getattr(n, "_it", None)
+        if it is not None and callable(getattr(it, "_shutdown", None)):
+            it._shutdown()
+        for up in upstream_nodes(n):
+            walk(up)
+
+    walk(node)
+
+
 class ZNode(BaseNode[T]):
     """Base for zephon nodes: lazy start, explicit ``close()``, tagged JSON state.
 
@@ -85,12 +156,19 @@ class ZNode(BaseNode[T]):
         upstream_s = sum(u._t_busy for u in ups)
         out: dict[str, Any] = {
             "node": type(self).__name__,
+            "node_type": self.node_type,
             "items": self._n_out,
             "busy_s": round(self._t_busy, 6),
             "self_s": round(max(self._t_busy - upstream_s, 0.0), 6),
         }
         out.update(self.extra_metrics())
         return out
+
+    @classmethod
+    def summarize_metrics(cls, summed: dict[str, Any]) -> dict[str, Any]:
+        """Ratios recomputed from this node type's counters summed over many lanes (a sum of
+        ratios means nothing): override to add them, e.g. a packer's padding share."""
+        return summed
 
     def extra_metrics(self) -> dict[str, Any]:
         """Node-specific counters added to :meth:`metrics` (override; JSON-able values)."""
@@ -100,8 +178,7 @@ class ZNode(BaseNode[T]):
         """:meth:`metrics` of this node and every node upstream of it (depth-first)."""
         out = [self.metrics()]
         for up in self.upstreams():
-            if isinstance(up, ZNode):
-                out.extend(up.pipeline_metrics())
+            out.extend(_metrics_of(up))
         return out
 
     # -- contract helpers -------------------------------------------------------------------
@@ -118,8 +195,10 @@ class ZNode(BaseNode[T]):
         super().reset(initial_state)
 
     def upstreams(self) -> list[BaseNode]:
-        """The nodes this node reads from (closed with it)."""
-        return []
+        """The nodes this node reads from (closed with it): by default its ``source``; a node
+        with several inputs, or none called ``source``, overrides this."""
+        source = getattr(self, "source", None)
+        return [source] if isinstance(source, BaseNode) else []
 
     def close(self) -> None:
         """Stop threads/processes owned by this node and its upstreams. Safe to call twice."""
@@ -128,9 +207,16 @@ class ZNode(BaseNode[T]):
         self._closed = True
         self._close_own()
         for up in self.upstreams():
-            close = getattr(up, "close", None)
-            if close is not None:
-                close()
+            close_node(up)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (a closed node cannot be reset or iterated again)."""
+        return self._closed
+
+    def shutdown(self) -> None:
+        """The same as :meth:`close` (the name newer torchdata releases use)."""
+        self.close()
 
     def _close_own(self) -> None:
         """Release this node's own resources (override)."""
@@ -153,7 +239,7 @@ class ZNode(BaseNode[T]):
 
         def walk(node: Any, depth: int) -> None:
             lines.append("  " * depth + ("└─ " if depth else "") + repr(node))
-            for up in getattr(node, "upstreams", lambda: [])():
+            for up in upstream_nodes(node):
                 walk(up, depth + 1)
 
         walk(self, 0)
@@ -163,3 +249,10 @@ class ZNode(BaseNode[T]):
         import html
 
         return '<pre class="zephon-graph">' + html.escape(self.describe()) + "</pre>"
+
+
+def _metrics_of(node: Any) -> list[dict[str, Any]]:
+    """Pipeline metrics of ``node`` and below, passing through nodes that keep none."""
+    if isinstance(node, ZNode):
+        return node.pipeline_metrics()
+    return [m for up in upstream_nodes(node) for m in _metrics_of(up)]

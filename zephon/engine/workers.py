@@ -91,6 +91,11 @@ class WorkerPool:
                     self._executor = cf.ProcessPoolExecutor(self.config.count, mp_context=ctx)
             return self._executor
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (a closed pool takes no more tasks)."""
+        return self._closed
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
         """Run ``fn(*args)`` on the pool; a future of its result."""
         return self.executor.submit(fn, *args)
@@ -144,7 +149,7 @@ class PoolSet:
         key = (config.backend, config.count, config.start_method)
         with self._lock:
             pool = self._pools.get(key)
-            if pool is None or pool._closed:
+            if pool is None or pool.closed:
                 pool = self._pools[key] = WorkerPool(config)
             return pool
 
@@ -162,10 +167,10 @@ class PoolSet:
 _PROCESS_OBJECTS: dict[str, Any] = {}
 
 
-def _process_local(cls: type, key: str, state: dict[str, Any]) -> Any:
+def _process_local(cls: type[Any], key: str, state: dict[str, Any]) -> Any:
     obj = _PROCESS_OBJECTS.get(key)
     if obj is None:
-        obj = cls.__new__(cls)
+        obj = object.__new__(cls)
         obj.__dict__.update(state)
         _PROCESS_OBJECTS[key] = obj
     return obj

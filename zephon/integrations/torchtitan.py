@@ -64,6 +64,7 @@ the recipe's global batch, and says which flag to change when it does not.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import logging
 import math
@@ -77,9 +78,16 @@ import numpy as np
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon.engine.checkpoint import SHARED_KEY, decode_state, encode_state, is_lane_key
-from zephon.engine.lanes import valid_world_sizes
-from zephon.engine.node import StateError
+from zephon.engine import (
+    SHARED_KEY,
+    StateError,
+    WorkerConfig,
+    decode_state,
+    divisors,
+    encode_state,
+    is_lane_key,
+    valid_world_sizes,
+)
 from zephon.recipe import Recipe, RecipeError
 
 __all__ = ["ZephonDataLoader", "demo_recipe_path", "titan_mm_batch", "with_zephon", "zephon_llama3_debug"]
@@ -176,17 +184,13 @@ def demo_recipe_path(root: str | None = None) -> str:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _divisors(n: int) -> list:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _current_trainer_init() -> Any:
     """The TorchTitan ``Trainer`` whose ``__init__`` is building us, if any (for checks only)."""
     mod = sys.modules.get("torchtitan.trainer")
     trainer_cls = getattr(mod, "Trainer", None)
     if trainer_cls is None:
         return None
-    f = sys._getframe(1)
+    f: Any = sys._getframe(1)
     while f is not None:
         obj = f.f_locals.get("self")
         if isinstance(obj, trainer_cls):
@@ -276,14 +280,19 @@ class ZephonDataLoader(BaseDataLoader):
                 value = getattr(self, field_name)
                 if value is not None:
                     changes[key] = value
-            if self.workers is not None or self.backend is not None:
-                w = dict(recipe.raw.get("workers", {}))
-                if self.workers is not None:
-                    w["count"] = self.workers
-                if self.backend is not None:
-                    w["backend"] = self.backend
-                changes["workers"] = w
             return recipe.replace(**changes) if changes else recipe
+
+        def worker_override(self, recipe: Recipe) -> WorkerConfig | None:
+            """The workers every pool of the recipe uses when ``workers`` / ``backend`` are set
+            (they win over ``[workers]``, ``[tokenize]`` and ``[vision]``); None keeps the recipe's."""
+            if self.workers is None and self.backend is None:
+                return None
+            base = recipe.spec.workers.for_stage("vision" if recipe.multimodal else "tokenize")
+            return dataclasses.replace(
+                base,
+                count=base.count if self.workers is None else self.workers,
+                backend=self.backend or base.backend,
+            )
 
     def __init__(
         self,
@@ -320,7 +329,7 @@ class ZephonDataLoader(BaseDataLoader):
         self.local_batch_size = int(local_batch_size) if local_batch_size is not None else self.rows_per_step
         lbs = self.local_batch_size
         if lbs < 1 or self.rows_per_step % lbs:
-            good = _divisors(self.rows_per_step)
+            good = divisors(self.rows_per_step)
             raise ValueError(
                 f"zephon.titan: the recipe's global batch is {r.global_batch_size} rows, so each of {W} DP ranks gets "
                 f"{self.rows_per_step} rows per step, which local_batch_size = {lbs} does not divide. Set "
@@ -333,14 +342,12 @@ class ZephonDataLoader(BaseDataLoader):
         self._check_trainer()
         if tokenizer is not None and config.check_tokenizer:
             self._check_tokenizer(tokenizer)
-        self._router = r.router(W, self.dp_rank)
+        self._router = r.router(W, self.dp_rank, workers=config.worker_override(r))
         self.special_tokens: dict[str, int] = {}
         if r.multimodal:
             p = r.prepare()
             self.special_tokens = {f"{k}_id": v for k, v in p.special.items()}
-            self.special_tokens["pad_id"] = (
-                p.tokenizer.pad_id if p.tokenizer.pad_id is not None else (p.tokenizer.eos_id or 0)
-            )
+            self.special_tokens["pad_id"] = p.pad_id
         self._buffer: dict[str, Any] | None = None
         self._offset = 0  # rows of the buffered recipe step already handed out
         self._exhausted = False
@@ -383,7 +390,7 @@ class ZephonDataLoader(BaseDataLoader):
         if theirs != ours.vocab_size or getattr(tokenizer, "eos_id", ours.eos_id) != ours.eos_id:
             raise ValueError(
                 f"zephon.titan: the trainer's tokenizer (hf_assets_path) has {theirs} tokens and eos_id "
-                f"{getattr(tokenizer, 'eos_id', None)}, the recipe's tokenizer at {self.recipe.tokenizer_path!r} has "
+                f"{getattr(tokenizer, 'eos_id', None)}, the recipe's tokenizer at {self.recipe.spec.tokenizer.path!r} has "
                 f"{ours.vocab_size} tokens and eos_id {ours.eos_id}. Set --hf_assets_path to the recipe's tokenizer "
                 "folder (or the same vocabulary), or --dataloader.check_tokenizer false if you know they agree."
             )
@@ -455,11 +462,13 @@ class ZephonDataLoader(BaseDataLoader):
         for name, v in m.items():
             rate = v.get("items_per_s")
             parts.append(f"{name} {v.get('items', 0)} items" + (f" {rate:,.0f}/s" if rate else ""))
-        if "OrderedMapper" in m:
-            parts.append(f"waited on workers {m['OrderedMapper'].get('wait_workers_s', 0):.2f} s")
-        if "Pack" in m and "efficiency" in m["Pack"]:
-            parts.append(f"packing {m['Pack']['efficiency']:.1%}")
-        skipped = m.get("SkipCounter", {}).get("skipped", {})
+        by_type = {v.get("node_type"): v for v in m.values()}
+        if "ordered_map" in by_type:
+            parts.append(f"waited on workers {by_type['ordered_map'].get('wait_workers_s', 0):.2f} s")
+        packer = by_type.get("pack") or by_type.get("mm_pack") or {}
+        if "efficiency" in packer:
+            parts.append(f"packing {packer['efficiency']:.1%}")
+        skipped = by_type.get("skip_counter", {}).get("skipped", {})
         if any(skipped.values()):
             parts.append("skipped " + ", ".join(f"{k}={v}" for k, v in skipped.items() if v))
         line = f"zephon rank {self.dp_rank}: " + "; ".join(parts)
@@ -488,7 +497,8 @@ class ZephonDataLoader(BaseDataLoader):
                 f"({SHARED_KEY!r} and lane_NNNNN): it was written by another dataloader. Resume with the loader that "
                 "wrote it, or load the model only (--checkpoint.exclude_from_loading dataloader)."
             )
-        entries = {k: (v.tobytes() if isinstance(v, torch.Tensor) else v) for k, v in state_dict.items()}
+        # a value that came back as a uint8 tensor (a storage layer that tensorises bytes) is read as its bytes
+        entries = {k: (v.numpy().tobytes() if isinstance(v, torch.Tensor) else v) for k, v in state_dict.items()}
         try:
             state = decode_state(entries)
             self._router.reset(state)

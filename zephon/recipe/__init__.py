@@ -1,10 +1,46 @@
 """Assembly: a recipe describes a whole pipeline; this layer turns it into lanes.
 
-:class:`Recipe` validates a TOML (or dict) description up front, prepares what it needs (the
-tokenizer, dataset indexes, token estimates, the work plan) and builds each lane's pipeline
-from the operators of :mod:`zephon.nodes`.
+One module per job: :mod:`~zephon.recipe.spec` (the schema: frozen dataclasses, parsed and
+validated from TOML), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the
+work plan), :mod:`~zephon.recipe.build` (each lane's pipeline of operators),
+:mod:`~zephon.recipe.migrations` (how lane states moved between checkpoint formats), and
+:mod:`~zephon.recipe.recipe` (the :class:`Recipe` that ties them together).
 """
 
-from .recipe import DatasetSpec, Recipe, RecipeError, TokenEstimate, estimate_tokens
+from .build import RecipeLanes, build_lane
+from .migrations import LANE_MIGRATIONS
+from .prepare import Prepared, TokenEstimate, estimate_tokens, prepare
+from .recipe import Recipe
+from .spec import (
+    DatasetSpec,
+    MixingSpec,
+    PackSpec,
+    RecipeError,
+    RecipeSpec,
+    ShuffleSpec,
+    TokenizerSpec,
+    VisionSpec,
+    WorkersSpec,
+    parse_recipe,
+)
 
-__all__ = ["DatasetSpec", "Recipe", "RecipeError", "TokenEstimate", "estimate_tokens"]
+__all__ = [
+    "LANE_MIGRATIONS",
+    "DatasetSpec",
+    "MixingSpec",
+    "PackSpec",
+    "Prepared",
+    "Recipe",
+    "RecipeError",
+    "RecipeLanes",
+    "RecipeSpec",
+    "ShuffleSpec",
+    "TokenEstimate",
+    "TokenizerSpec",
+    "VisionSpec",
+    "WorkersSpec",
+    "build_lane",
+    "estimate_tokens",
+    "parse_recipe",
+    "prepare",
+]

@@ -35,13 +35,17 @@ __all__ = ["main", "run_hashes"]
 STATE_FILE = "zephon_state.json"
 
 
-def _workers(recipe: Any, count: int | None, backend: str | None):
-    w = recipe.workers
+def _workers(recipe: Recipe, count: int | None, backend: str | None) -> WorkerConfig | None:
+    """The ``--workers`` / ``--backend`` override: it reaches every pool of the recipe (text and
+    image stages alike); None when neither flag is given, so the recipe's own settings apply."""
+    if count is None and backend is None:
+        return None
+    base = recipe.spec.workers.for_stage("vision" if recipe.multimodal else "tokenize")
     return WorkerConfig(
-        count=w.count if count is None else count,
-        backend=backend or w.backend,
-        timeout_s=w.timeout_s,
-        start_method=w.start_method,
+        count=base.count if count is None else count,
+        backend=backend or base.backend,
+        timeout_s=base.timeout_s,
+        start_method=base.start_method,
     )
 
 
@@ -81,7 +85,7 @@ def run_hashes(
             h = batch_sha256(next(g))
             hashes.append(h)
             print(f"step {t} {h}", file=out, flush=True)
-            if save_at is not None and t + 1 == save_at:
+            if save_at is not None and checkpoint is not None and t + 1 == save_at:
                 os.makedirs(checkpoint, exist_ok=True)
                 save_state(os.path.join(checkpoint, STATE_FILE), g.state_dict())
     return hashes

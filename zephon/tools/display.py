@@ -28,8 +28,8 @@ back to the bytes of its image in the tar file:
     >>> view = show(batch, recipe)
     >>> print(repr(view).splitlines()[1][:96])
     row 0 (100% tokens, 2 images): [pairs:39] <|bos|>[image 0: 32x64, 2 tokens]Being zoatou have suc
-    >>> batch["provenance"][0]   # (dataset, shard, record, epoch, tok_start, tok_end) per sample
-    ((0, 0, 4, 0, 0, 39), (0, 0, 0, 0, 0, 25))
+    >>> batch["provenance"][0][0]   # one zephon.nodes.Provenance per sample of the row
+    Provenance(dataset=0, shard=0, record=4, epoch=0, tok_start=0, tok_end=39)
     >>> sample = view.provenance(0)[0]
     >>> sample["locator"], sample["tokens"], sample["texts"][0]["member"]
     ("key '00000004'", (0, 39), '00000004.txt')
@@ -46,6 +46,7 @@ back to the bytes of its image in the tar file:
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import io
 from collections.abc import Sequence
@@ -53,8 +54,9 @@ from typing import Any
 
 import numpy as np
 
-from zephon.data import image_header_size
+from zephon.data import MMRecord, image_header_size
 from zephon.engine import LaneContext, lanes_of_rank, valid_world_sizes
+from zephon.nodes import Provenance, VisionConfig, sample_layout
 
 __all__ = [
     "MM_BATCH_FIELDS",
@@ -132,15 +134,15 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
     prov = batch["provenance"][row]
     segs = _segments({"document_ids": batch["document_ids"][row]})
     blocks: list[dict[str, Any]] = []
-    if is_multimodal(batch) and getattr(p, "special", None):
+    if is_multimodal(batch) and p.special:
         first, grids, _ = row_images(batch, row)
-        vision = getattr(recipe, "vision", None)
-        blocks = image_blocks(batch["input"][row], p.special, grids, first, getattr(vision, "patch_size", None))
+        blocks = image_blocks(batch["input"][row], p.special, grids, first, recipe.vision.patch_size)
     out = []
     for j, entry in enumerate(prov):
-        d, shard, record, epoch, t0, t1 = (int(v) for v in entry)
+        e = Provenance(*(int(v) for v in entry))
+        d, shard, record, epoch, t0, t1 = e.dataset, e.shard, e.record, e.epoch, e.tok_start, e.tok_end
         rowpos = (int(segs[j][0]), int(segs[j][0]) + t1 - t0) if j < len(segs) else None
-        kind = getattr(recipe.datasets[d], "kind", "text")
+        kind = recipe.datasets[d].kind
         if kind == "text":
             out.append(_text_provenance(recipe, p, d, shard, record, epoch, t0, t1, rowpos))
         else:
@@ -150,7 +152,7 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
 
 def _covered(tok: Any, text: str, k0: int, k1: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """(chars, bytes) of ``text`` covered by its content tokens ``k0:k1`` (no BOS/EOS)."""
-    offsets = tok._tokenizer().encode(text, add_special_tokens=False).offsets
+    offsets = tok.content_offsets(text)
     k0, k1 = max(k0, 0), min(k1, len(offsets))
     if k1 <= k0:
         return (0, 0), (0, 0)
@@ -176,7 +178,7 @@ def _text_provenance(
     if not isinstance(text, str):
         raise ValueError(f"record {record} of {ix.shards[shard].path} is no longer readable: {text}")
     lead = 1 if tok.add_bos else 0
-    n_content = len(tok._tokenizer().encode(text, add_special_tokens=False).ids)
+    n_content = len(tok.encode_content([text])[0])
     chars, byts = _covered(tok, text, t0 - lead, t1 - lead)
     loc = ix.locate(shard, record)
     return {
@@ -216,12 +218,10 @@ def _mm_provenance(
 ) -> dict[str, Any]:
     """An image-text sample's provenance: the sample's layout (BOS, text, vision blocks, EOS, as
     :class:`zephon.nodes.FetchVision` builds it) re-derived from the re-read record."""
-    import hashlib
-
     tok = p.tokenizer
     ix = p.indexes[d]
     rec = ix.read(shard, [record])[0]
-    if not hasattr(rec, "segments"):
+    if not isinstance(rec, MMRecord):
         raise ValueError(f"record {record} of {ix.shards[shard].path} is no longer readable: {rec}")
     loc = ix.locate(shard, record)
     sources = ix.sources(shard, record)
@@ -230,21 +230,35 @@ def _mm_provenance(
     row0 = rowpos[0] if rowpos is not None else None
     # the sample's image blocks in this row (samples with images are never split across rows)
     mine = [b for b in blocks if rowpos is not None and rowpos[0] <= b["start"] < rowpos[1]]
-    vision = recipe.vision
-    lead = 1 if tok.add_bos else 0
-    pos, n_img = lead, 0
+    # the sample laid out again, by FetchVision's own rule: each caption's tokens, each image's
+    # block (its size from the row when the row holds it, else from the image's header)
+    lengths: list[tuple[str, int]] = []
+    row_blocks: list[dict[str, Any] | None] = []
+    for seg in rec.segments:
+        if isinstance(seg, str):
+            lengths.append(("text", len(tok.encode_content([seg])[0])))
+            continue
+        block = mine[len(row_blocks)] if t0 == 0 and len(row_blocks) < len(mine) else None
+        w, h = image_header_size(seg)
+        k = (block["stop"] - block["start"]) if block is not None else recipe.vision.image_tokens(w, h) + 2
+        lengths.append(("image", k))
+        row_blocks.append(block)
+    layout = sample_layout(lengths, bos=tok.add_bos, eos=tok.add_eos)
     texts: list[dict[str, Any]] = []
     images: list[dict[str, Any]] = []
 
     def where(a: int, z: int) -> tuple[int, int] | None:
         return (row0 + a - t0, row0 + z - t0) if row0 is not None else None
 
-    for j, (seg, src) in enumerate(zip(rec.segments, sources)):
-        info = {k: v for k, v in src.items() if k != "kind"}
-        if isinstance(seg, str):
-            n = len(tok._tokenizer().encode(seg, add_special_tokens=False).ids)
-            a, z = max(pos, t0), min(pos + n, t1)
-            if z > a or (n == 0 and t0 <= pos <= t1):
+    n_img = 0
+    for span in layout:
+        if span.segment < 0:
+            continue
+        j, pos, stop = span.segment, span.start, span.stop
+        seg, info = rec.segments[j], {k: v for k, v in sources[j].items() if k != "kind"}
+        if span.kind == "text":
+            a, z = max(pos, t0), min(stop, t1)
+            if z > a or (stop == pos and t0 <= pos <= t1):
                 chars, byts = _covered(tok, seg, a - pos, z - pos)
                 texts.append(
                     {
@@ -257,18 +271,17 @@ def _mm_provenance(
                         "text": seg[chars[0] : chars[1]],
                     }
                 )
-            pos += n
             continue
-        w, h = image_header_size(seg)
-        block = mine[n_img] if t0 == 0 and n_img < len(mine) else None
-        k = (block["stop"] - block["start"]) if block is not None else vision.image_tokens(w, h) + 2
-        if pos < t1 and pos + k > t0:
+        block = row_blocks[n_img]
+        n_img += 1
+        if pos < t1 and stop > t0:
+            w, h = image_header_size(seg)
             images.append(
                 {
                     "segment": j,
                     **info,
-                    "tokens": (pos, pos + k),
-                    "row_positions": where(pos, pos + k),
+                    "tokens": (pos, stop),
+                    "row_positions": where(pos, stop),
                     "index": None if block is None else block["index"],
                     "grid": None if block is None else block["grid"],
                     "num_bytes": len(seg),
@@ -277,8 +290,7 @@ def _mm_provenance(
                     "height": h,
                 }
             )
-        n_img += 1
-        pos += k
+    end = layout[-1].stop if layout else 0
     out = {"dataset": recipe.datasets[d].name, "kind": kind, "file": loc["file"], "locator": loc["locator"]}
     out.update({k: loc[k] for k in ("key", "row") if k in loc})
     out.update(
@@ -292,7 +304,7 @@ def _mm_provenance(
             "texts": texts,
             "images": images,
             "has_bos": t0 == 0 and tok.add_bos,
-            "has_eos": tok.add_eos and t1 == pos + 1,
+            "has_eos": tok.add_eos and t1 == end,
             "file_bytes": None,
         }
     )
@@ -421,7 +433,7 @@ def image_blocks(
             "height": None,
             "width": None,
         }
-        if k < n_grids:
+        if grids is not None and k < n_grids:
             t, gh, gw = (int(v) for v in grids[k])
             b["grid"] = (t, gh, gw)
             if patch_size:
@@ -504,8 +516,8 @@ class BatchView:
         self.names = [d.name for d in recipe.datasets]
         self.multimodal = is_multimodal(batch)
         self.special: dict[str, int] = dict(getattr(p, "special", None) or {}) if self.multimodal else {}
-        self.vision = getattr(recipe, "vision", None)
-        if self.multimodal and ("image" not in self.special or self.vision is None):
+        self.vision: VisionConfig = recipe.vision
+        if self.multimodal and ("image" not in self.special):
             raise ValueError(
                 "show: this is a multimodal batch (it has grid_thw) but the recipe has no image "
                 "placeholder tokens; pass the recipe the batch came from"
@@ -819,19 +831,7 @@ def describe_plan(recipe: Any, world_size: int | None = None, draws: int = 4000)
     lines.append(
         f"{'dataset':<12} {'format':<8} {'shards':>6} {'records':>9} {'MB':>8} {'tok/byte':>9} {'est. tokens':>12} {'target':>7} {'expected':>8}"
     )
-    # expected shares: simulate lane 0's work source from metadata only
-    src = p.plan.lane(0)
-    est = np.zeros(len(recipe.datasets))
-    for _ in range(draws):
-        try:
-            it = next(src)
-        except StopIteration:
-            break
-        ds = p.plan.datasets[it.dataset]
-        nbytes = int(ds.record_bytes(it.shard)[it.record])
-        part_bytes = (it.part + 1) * nbytes // it.parts - it.part * nbytes // it.parts
-        est[it.dataset] += part_bytes * ds.tokens_per_byte + (ds.tokens_per_record if it.part == 0 else 0)
-    expected = est / est.sum() if est.sum() else est
+    expected = list(p.plan.simulated_shares(draws).values())  # lane 0's work source, from metadata only
     target = recipe.schedule.weights(0)
     for i, (s, ix) in enumerate(zip(recipe.datasets, p.indexes)):
         size = sum(sh.size_bytes for sh in ix.shards)
@@ -845,11 +845,11 @@ def describe_plan(recipe: Any, world_size: int | None = None, draws: int = 4000)
     lines.append("")
     lines.append(
         f"lanes: {recipe.lanes} (valid world sizes: {valid_world_sizes(recipe.lanes)}); rows per lane per step: "
-        f"{recipe.rows_per_lane}; seq_len: {recipe.seq_len}; mixing by {recipe.mix_by}"
+        f"{recipe.rows_per_lane}; seq_len: {recipe.seq_len}; mixing by {recipe.spec.mixing.by}"
     )
     lines.append(
-        f"pack: {recipe.pack_algorithm}, flush every {recipe.pack_flush_every} documents; shuffle window: "
-        f"{recipe.shuffle_buffer} rows; workers: {recipe.workers.count} {recipe.workers.backend}"
+        f"pack: {recipe.spec.pack.algorithm}, flush every {recipe.spec.pack.flush_every} documents; shuffle window: "
+        f"{recipe.spec.shuffle.buffer} rows; workers: {recipe.workers.count} {recipe.workers.backend}"
     )
     if len(recipe.schedule.phases) > 1:
         lines.append(

@@ -96,7 +96,7 @@ def plot_packing_efficiency(recipe: Any, steps: int = 20, world_size: int = 1):
     ax.hist(effs, bins=np.linspace(0, 1, 41))
     ax.set_xlabel("row packing efficiency")
     ax.set_ylabel("rows")
-    ax.set_title(f"{recipe.pack_algorithm}: mean {np.mean(effs):.1%} over {len(effs)} rows")
+    ax.set_title(f"{recipe.spec.pack.algorithm}: mean {np.mean(effs):.1%} over {len(effs)} rows")
     fig.tight_layout()
     return fig
 

@@ -7,7 +7,7 @@ import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -186,7 +186,7 @@ class LRU:
         self.capacity = capacity
         self._d: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
-        self._inflight: dict = {}
+        self._inflight: dict[Any, threading.Event] = {}
 
     def get(self, key, loader: Callable[[], object]):
         while True:
@@ -196,7 +196,7 @@ class LRU:
                     return self._d[key]
                 ev = self._inflight.get(key)
                 owner = ev is None
-                if owner:
+                if ev is None:
                     ev = self._inflight[key] = threading.Event()
             if not owner:
                 ev.wait()

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SKIP_HINT", "BadRecord", "DataError"]
-
-
-def SKIP_HINT(dataset: str) -> str:  # noqa: N802 - reads like a constant at call sites
-    """The sentence every data error ends with: how to turn the error into a counted skip.
-
-    >>> print(SKIP_HINT("web"))
-    To skip bad records instead, set on_error = "skip" for dataset 'web' in the recipe.
-    """
-    return f"To skip bad records instead, set on_error = \"skip\" for dataset '{dataset}' in the recipe."
+__all__ = ["BadRecord", "DataError"]
 
 
 def _compose(reason: str, dataset: str | None, file: str | None, locator: str | None, fix: str | None) -> str:
@@ -70,7 +61,8 @@ def _rebuild_data_error(reason, dataset, file, locator, fix) -> DataError:
 class BadRecord:
     """Returned by ``DatasetIndex.read`` in place of a record whose content is bad.
 
-    The caller applies the raise/skip policy: ``raise rec.to_error()`` or count and drop it.
+    The caller applies the raise/skip policy (the operators' ``on_error``): raise
+    ``rec.to_error(fix)`` or count and drop it.
     """
 
     dataset: str
@@ -78,12 +70,10 @@ class BadRecord:
     locator: str  # "line 17" (1-based physical line), "row 3" (0-based row), or "whole file"
     reason: str
 
-    def to_error(self) -> DataError:
-        """The :class:`DataError` raised for this record when the policy is "raise"."""
-        return DataError(
-            self.reason,
-            dataset=self.dataset,
-            file=self.file,
-            locator=self.locator,
-            fix=SKIP_HINT(self.dataset),
-        )
+    def to_error(self, fix: str | None = None) -> DataError:
+        """The :class:`DataError` for this record, ending with ``fix`` (how to get past it).
+
+        >>> print(BadRecord("web", "a.jsonl", "line 3", "not JSON").to_error("Fix the line."))
+        dataset 'web', file 'a.jsonl', line 3: not JSON. Fix the line.
+        """
+        return DataError(self.reason, dataset=self.dataset, file=self.file, locator=self.locator, fix=fix)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import hashlib
 import json
 import os
@@ -27,7 +28,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ._scan import BOM, LRU, CompressionError, LineScanner, iter_decompressed, line_number
 from .errors import BadRecord, DataError
 
-__all__ = ["FORMATS", "TEXT_MODES", "DatasetIndex", "ShardMeta", "index_dataset"]
+__all__ = ["FORMATS", "TEXT_MODES", "DatasetIndex", "ShardMeta", "index_dataset", "resolve_files"]
 
 FORMATS = ("jsonl", "parquet", "text", "arrow")
 TEXT_MODES = ("line", "file")
@@ -220,8 +221,9 @@ def _parse_text_file(raw: bytes) -> tuple[str | None, str | None]:
 # path resolution
 
 
-def _resolve(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str | None]]:
-    """Expand globs/folders into files: [(fs, fspath, info, forced_format)]."""
+def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str | None]]:
+    """Expand a dataset's globs, folders and URLs into its files: ``[(fs, fspath, info, forced_format)]``
+    (shared by the text and image-text indexes)."""
     if isinstance(path, (str, os.PathLike)):
         entries = [os.fspath(path)]
     elif isinstance(path, (list, tuple)):
@@ -508,7 +510,7 @@ class DatasetIndex:
             raise IndexError(
                 f"record {record} out of range for shard {shard} ({self.shards[shard].num_records} records)"
             )
-        out = {"file": self._specs[shard].display}
+        out: dict[str, Any] = {"file": self._specs[shard].display}
         if self.format == "jsonl" or (self.format == "text" and self.text_mode == "line"):
             a = self._get_arrays(shard)
             out["locator"] = f"line {line_number(a['gap_rec'], a['gap_cum'], record)}"
@@ -820,7 +822,7 @@ class DatasetIndex:
         try:
             fd, tmp = tempfile.mkstemp(dir=self.cache_dir, prefix=os.path.basename(path) + ".", suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, header=hb, **arrays)
+                np.savez(f, header=hb, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
             os.replace(tmp, path)  # atomic: readers see the old file or the complete new one
             return True
         except OSError as e:
@@ -914,8 +916,8 @@ class DatasetIndex:
             for d in datas:
                 if isinstance(d, BaseException):
                     raise self._io_error(s, d if isinstance(d, OSError) else OSError(str(d)), "reading")
-        for (o, e, ks), d in zip(groups, datas):
-            if len(d) != e - o:
+        for (o, end, ks), d in zip(groups, datas):
+            if len(d) != end - o:
                 raise self._changed_error(s)
             for k in ks:
                 a = offs[k] - o
@@ -934,14 +936,14 @@ class DatasetIndex:
             parsed = [_parse_text_file(r) for r in raws]
         out: list[str | BadRecord] = []
         for i, (text, reason) in zip(idx.tolist(), parsed):
-            if reason is None:
+            if reason is None and text is not None:
                 out.append(text)
             else:
                 if self.format == "text" and self.text_mode == "file":
                     loc = "whole file"
                 else:
                     loc = f"line {line_number(a['gap_rec'], a['gap_cum'], i)}"
-                out.append(BadRecord(self.name, self._specs[s].display, loc, reason))
+                out.append(BadRecord(self.name, self._specs[s].display, loc, reason or "unreadable"))
         return out
 
     def _value(self, s: int, row: int, v) -> str | BadRecord:
@@ -968,7 +970,7 @@ class DatasetIndex:
         rg_of = np.searchsorted(groups, idx, side="right") - 1
         out: list = [None] * idx.size
         for rg in np.unique(rg_of).tolist():
-            col = self._row_groups.get((s, rg), lambda rg=rg: self._load_row_group(s, rg))
+            col: Any = self._row_groups.get((s, rg), functools.partial(self._load_row_group, s, rg))
             ks = np.flatnonzero(rg_of == rg)
             vals = col.take(pa.array(idx[ks] - groups[rg])).to_pylist()
             for k, v in zip(ks.tolist(), vals):
@@ -1073,7 +1075,7 @@ def index_dataset(
             fix='Set text_field = "text" (or the name of the text column).',
         )
 
-    files = _resolve(name, path, format)
+    files = resolve_files(name, path, format)
     fmt, comps = _pick_format(name, files, format)
 
     specs_by_url: dict[str, _Spec] = {}

@@ -39,7 +39,7 @@ import numpy as np
 
 from ._scan import LRU
 from .errors import BadRecord, DataError
-from .index import ShardMeta, _resolve
+from .index import ShardMeta, resolve_files
 
 __all__ = ["IMAGE_EXTS", "KINDS", "MM_FORMATS", "MMRecord", "MultimodalIndex", "image_header_size", "index_multimodal"]
 
@@ -238,7 +238,7 @@ class MultimodalIndex:
             try:
                 fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")
                 with os.fdopen(fd, "wb") as f:
-                    np.savez(f, **arrays)
+                    np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
                 os.replace(tmp, path)
             except OSError as e:
                 warnings.warn(f"zephon: cannot write the index cache in {self.cache_dir!r} ({e})", stacklevel=3)
@@ -295,7 +295,7 @@ class MultimodalIndex:
         import tarfile
 
         order: list[str] = []
-        members: dict[str, dict[str, tuple[int, int, str]]] = {}
+        members: dict[str, dict[str, tuple[int, int, str, str]]] = {}
         f = self._open(s)
         try:
             try:
@@ -330,20 +330,20 @@ class MultimodalIndex:
         widths, heights = [], []
         names = {"img_name": [""] * n, "txt_name": [""] * n}
         for i, key in enumerate(order):
-            m = members[key]
+            got = members[key]
             for slot in ("image", "text"):
-                if slot in m:
-                    names["img_name" if slot == "image" else "txt_name"][i] = m[slot][3]
-            if "image" in m:
-                a["img_off"][i], a["img_len"][i] = m["image"][0], m["image"][1]
-                w, h = image_header_size(self._read_range(s, m["image"][0], min(m["image"][1], 1 << 16)))
-                if (w, h) == (0, 0) and m["image"][1] > (1 << 16):
-                    w, h = image_header_size(self._read_range(s, m["image"][0], m["image"][1]))
+                if slot in got:
+                    names["img_name" if slot == "image" else "txt_name"][i] = got[slot][3]
+            if "image" in got:
+                a["img_off"][i], a["img_len"][i] = got["image"][0], got["image"][1]
+                w, h = image_header_size(self._read_range(s, got["image"][0], min(got["image"][1], 1 << 16)))
+                if (w, h) == (0, 0) and got["image"][1] > (1 << 16):
+                    w, h = image_header_size(self._read_range(s, got["image"][0], got["image"][1]))
                 widths.append(w)
                 heights.append(h)
-            if "text" in m:
-                a["txt_off"][i], a["txt_len"][i] = m["text"][0], m["text"][1]
-                a["txt_json"][i] = 1 if m["text"][2] == "json" else 0
+            if "text" in got:
+                a["txt_off"][i], a["txt_len"][i] = got["text"][0], got["text"][1]
+                a["txt_json"][i] = 1 if got["text"][2] == "json" else 0
         a["keys"] = np.array(order, dtype=np.str_) if order else np.zeros(0, dtype="<U1")
         for k, v in names.items():
             a[k] = np.array(v, dtype=np.str_) if v else np.zeros(0, dtype="<U1")
@@ -498,7 +498,11 @@ class MultimodalIndex:
             for k, img, txt in zip(ks.tolist(), imgs, txts):
                 segs, bad = self._record_from_row(img, txt)
                 loc = f"row {int(idx[k])}"
-                out[k] = MMRecord(segs, disp, loc) if bad is None else BadRecord(self.name, disp, loc, bad)
+                out[k] = (
+                    MMRecord(segs, disp, loc)
+                    if bad is None and segs is not None
+                    else BadRecord(self.name, disp, loc, bad or "unreadable")
+                )
         return out
 
     # -- provenance ----------------------------------------------------------------------------
@@ -597,7 +601,7 @@ def index_multimodal(
     """Find the shards of an image-text dataset and build (or load cached) per-shard metadata."""
     if kind not in ("image_text", "interleaved"):
         raise DataError(f"unknown kind {kind!r}", dataset=name, fix='Use kind = "image_text" or "interleaved".')
-    files = _resolve(name, path, "auto")
+    files = resolve_files(name, path, "auto")
     fmt = _pick_format(name, files, format)
     if kind == "interleaved" and fmt != "parquet":
         raise DataError(

@@ -1,0 +1,19 @@
+"""What an operator does with a bad record: the ``on_error`` policy and the sentence that says
+how to change it (the recipe's vocabulary, so it lives with the operators, not the readers)."""
+
+from __future__ import annotations
+
+__all__ = ["ON_ERROR", "skip_hint"]
+
+#: ``raise``: stop the run naming the file, the record and the fix; ``skip``: a counted,
+#: deterministic skip (the same records on every world size)
+ON_ERROR = ("raise", "skip")
+
+
+def skip_hint(dataset: str) -> str:
+    """The sentence every data error ends with: how to turn the error into a counted skip.
+
+    >>> print(skip_hint("web"))
+    To skip bad records instead, set on_error = "skip" for dataset 'web' in the recipe.
+    """
+    return f"To skip bad records instead, set on_error = \"skip\" for dataset '{dataset}' in the recipe."

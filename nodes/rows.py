@@ -1,0 +1,83 @@
+"""What packed rows are made of, shared by the packers (:class:`Pack`, :class:`MMPack`) and by
+everything that reads their output (display, provenance, TorchTitan batches).
+
+``labels`` hold :data:`IGNORE_INDEX` where a target must not be trained on (padding, vision
+placeholders). ``provenance`` holds, per row, one :class:`Provenance` per segment: which
+record of which dataset the segment's tokens are, and which of that record's tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+__all__ = ["IGNORE_INDEX", "PackingMetrics", "Provenance"]
+
+#: the label of a target that is not trained on (PyTorch's cross-entropy default ignore_index)
+IGNORE_INDEX = -100
+
+
+class Provenance(NamedTuple):
+    """Where a segment of a row comes from: ``dataset`` / ``shard`` / ``record`` indices and the
+    ``epoch`` it was read in (-1 where the source has no record, e.g. a test list), and the
+    range ``tok_start:tok_end`` of the record's whole token sequence (BOS and EOS included) that
+    the segment holds. A plain tuple of ints: JSON-able, and hashed as data.
+
+    >>> from zephon.nodes import TokDoc, WorkItem
+    >>> import numpy as np
+    >>> doc = TokDoc(np.arange(9, dtype=np.int32), 0, WorkItem(0, 3, 17, 1, 0), offset=40)
+    >>> Provenance.of(doc, 2, 5)
+    Provenance(dataset=0, shard=3, record=17, epoch=1, tok_start=42, tok_end=45)
+    >>> tuple(Provenance.of(doc, 2, 5))
+    (0, 3, 17, 1, 42, 45)
+    """
+
+    dataset: int
+    shard: int
+    record: int
+    epoch: int
+    tok_start: int
+    tok_end: int
+
+    @classmethod
+    def of(cls, doc: Any, lo: int, hi: int) -> Provenance:
+        """The provenance of tokens ``lo:hi`` of ``doc`` (a document or sample with ``dataset``,
+        an optional ``item`` (:class:`~zephon.nodes.WorkItem`) and ``offset``, the index of its
+        first token in the whole record)."""
+        item = getattr(doc, "item", None)
+        off = int(getattr(doc, "offset", 0) or 0)
+        if item is None:
+            return cls(int(doc.dataset), -1, -1, -1, off + int(lo), off + int(hi))
+        return cls(int(item.dataset), int(item.shard), int(item.record), int(item.epoch), off + int(lo), off + int(hi))
+
+
+class PackingMetrics:
+    """The packers' observability counters (not part of the data, not in the state): rows
+    emitted and padding tokens, and the share of non-padding tokens they give.
+
+    A packer sets ``row_len`` and adds to ``rows_out`` / ``pad_tokens`` as it emits rows."""
+
+    row_len: int
+    rows_out: int = 0
+    pad_tokens: int = 0
+
+    @property
+    def efficiency(self) -> float:
+        """Share of non-padding tokens in the rows emitted so far."""
+        total = self.rows_out * self.row_len
+        return 1.0 - self.pad_tokens / total if total else 1.0
+
+    def extra_metrics(self) -> dict[str, Any]:
+        """Rows emitted, padding share and the counters it comes from, for the pipeline metrics."""
+        return {
+            "rows": self.rows_out,
+            "efficiency": round(self.efficiency, 6),
+            "pad_tokens": self.pad_tokens,
+            "row_tokens": self.rows_out * self.row_len,
+        }
+
+    @classmethod
+    def summarize_metrics(cls, summed: dict[str, Any]) -> dict[str, Any]:
+        """The padding share of many lanes together, from their summed counters."""
+        if summed.get("row_tokens"):
+            summed["efficiency"] = 1 - summed["pad_tokens"] / summed["row_tokens"]
+        return summed

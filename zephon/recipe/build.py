@@ -1,0 +1,138 @@
+"""Lane assembly: a prepared recipe -> each lane's pipeline of operators.
+
+A text lane::
+
+    WorkSource(lane) -> OrderedMapper(FetchTokenize) -> SkipCounter -> Pack -> WindowShuffle -> Batch
+
+an image-text lane::
+
+    WorkSource(lane) -> OrderedMapper(FetchVision) -> SkipCounter -> MMPack -> WindowShuffle (of micro-batches)
+
+:class:`RecipeLanes` is the :class:`zephon.engine.LaneSet` a router builds its lanes from: it
+carries the :class:`~zephon.recipe.prepare.Prepared` recipe (and with it the token estimates a
+checkpoint saves and a resume adopts) and the recipe's lane-state migrations.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from zephon.data import set_tokenizers_parallelism
+from zephon.engine import LaneContext, LaneSet, OrderedMapper, WorkerConfig
+from zephon.nodes import Batch, LaneWorkSource, MMPack, Pack, SkipCounter, WindowShuffle
+
+from .migrations import LANE_MIGRATIONS
+from .prepare import Prepared
+from .spec import RecipeSpec
+
+__all__ = ["RecipeLanes", "build_lane", "prefetch_depth"]
+
+#: chunks a rank's lanes may hold in flight per worker: text chunks are tens of KB of token ids,
+#: image chunks tens of MB of patches
+IN_FLIGHT_PER_WORKER = {"tokenize": 16, "vision": 8}
+
+
+def _front(p: Prepared, ctx: LaneContext, stage: str, workers: WorkerConfig | None) -> BaseNode:
+    """WorkSource -> OrderedMapper(fetch) -> SkipCounter: the part text and image-text lanes share."""
+    spec = p.spec
+    wc = spec.workers.for_stage(stage, workers)
+    if wc.count > 0:
+        # with our own workers, the tokenizer's internal thread pool only serialises them
+        set_tokenizers_parallelism(False)
+    chunk = spec.workers.vision_chunk_size if stage == "vision" else spec.workers.chunk_size
+    node: BaseNode = LaneWorkSource(p.plan, ctx.lane)
+    node = OrderedMapper(
+        node,
+        batch_fn=p.fetch,
+        workers=wc,
+        pool=ctx.pool(wc),
+        chunk_size=chunk,
+        max_in_flight=ctx.max_in_flight(wc, IN_FLIGHT_PER_WORKER[stage]),
+        lane=ctx.lane,
+        name=f"fetch+{stage}",
+    )
+    return SkipCounter(
+        node,
+        dataset_names=[s.name for s in spec.datasets],
+        lanes=spec.lanes,
+        max_skipped=[s.max_skipped for s in spec.datasets],
+        max_fraction=[s.max_skipped_fraction for s in spec.datasets],
+        shard_names=[[sh.path for sh in ix.shards] for ix in p.indexes],
+    )
+
+
+def _shuffle(spec: RecipeSpec, node: BaseNode, lane: int, buffer: int) -> BaseNode:
+    if buffer <= 1:
+        return node
+    # lanes start at different phases so that a rank's lanes refill their windows at different steps
+    return WindowShuffle(node, buffer=buffer, seed=spec.seed, lane=lane, phase=(lane * buffer) // spec.lanes)
+
+
+def build_lane(p: Prepared, ctx: LaneContext, workers: WorkerConfig | None = None) -> BaseNode:
+    """The pipeline of lane ``ctx.lane`` (a torchdata node yielding its micro-batches);
+    ``workers`` overrides every stage's workers (performance only)."""
+    spec = p.spec
+    if spec.multimodal:
+        v = spec.vision.config
+        node = MMPack(
+            _front(p, ctx, "vision", workers),
+            seq_len=spec.seq_len,
+            rows=spec.rows_per_lane,
+            patch_dim=v.patch_dim,
+            max_images_per_batch=v.max_images_per_batch,
+            max_images_per_row=v.max_images_per_row,
+            flush_every=spec.pack.flush_every,
+            pad_id=p.pad_id,
+            ignore_ids=list(p.special.values()),
+            mrope=v.mrope,
+        )
+        return _shuffle(spec, node, ctx.lane, -(-spec.shuffle.buffer // spec.rows_per_lane))  # in micro-batches
+    node = Pack(
+        _front(p, ctx, "tokenize", workers),
+        seq_len=spec.seq_len,
+        algorithm=spec.pack.algorithm,
+        flush_every=spec.pack.flush_every,
+        pad_id=p.pad_id,
+        max_open=spec.pack.max_open,
+    )
+    return Batch(_shuffle(spec, node, ctx.lane, spec.shuffle.buffer), batch_size=spec.rows_per_lane)
+
+
+class RecipeLanes(LaneSet):
+    """A prepared recipe's lanes, and the derived values (token estimates) they are built from.
+
+    :meth:`adopt` returns the lanes a checkpoint's values describe (re-planned with its token
+    estimates) without changing this object; the recipe's lane-state migrations travel with it.
+    """
+
+    lane_migrations = LANE_MIGRATIONS
+
+    def __init__(self, prepared: Prepared, workers: WorkerConfig | None = None) -> None:
+        super().__init__(functools.partial(build_lane, prepared, workers=workers))
+        self.prepared, self.workers = prepared, workers
+
+    def shared_state(self) -> dict[str, Any]:
+        """Token estimates and the data and tokenizer fingerprints (see :meth:`Prepared.shared_state`)."""
+        return self.prepared.shared_state()
+
+    def adopt(self, shared: Mapping[str, Any]) -> RecipeLanes:
+        """These lanes, or lanes planned with the checkpoint's token estimates."""
+        p = self.prepared.adopt(shared)
+        return self if p is self.prepared else RecipeLanes(p, self.workers)
+
+    def __repr__(self) -> str:
+        return f"RecipeLanes(fingerprint={self.prepared.fingerprint}, workers={self.workers})"
+
+
+def prefetch_depth(spec: RecipeSpec, world_size: int) -> int:
+    """Local batches a rank computes ahead. "auto": enough to cover one shuffle-window refill
+    (lanes refill at staggered steps, so a refill is ``buffer / (lanes per rank x rows per
+    lane)`` steps of the rank's work), at least 2."""
+    if spec.workers.prefetch != "auto":
+        return int(spec.workers.prefetch)
+    per_step = (spec.lanes // world_size) * spec.rows_per_lane
+    return max(2, -(-spec.shuffle.buffer // per_step) + 1) if spec.shuffle.buffer > 1 else 2

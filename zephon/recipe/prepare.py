@@ -1,0 +1,321 @@
+"""Preparing a recipe: what must be read or measured before lanes can be built.
+
+:func:`prepare` loads the tokenizer, indexes the datasets, measures tokens per byte from a seeded
+sample of each dataset and plans the work (:class:`zephon.nodes.WorkPlan`). The result, a frozen
+:class:`Prepared`, is the same on every rank. Its derived values (token estimates) travel in
+every checkpoint: :meth:`Prepared.adopt` returns the :class:`Prepared` a resumed run must use, so
+a resume never silently re-derives them, and it refuses a checkpoint whose files or tokenizer
+changed, naming what changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from zephon.data import TextTokenizer, index_dataset, index_multimodal
+from zephon.engine import IndexPermutation, StateError, stable_u64
+from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WorkPlan
+
+from .spec import DatasetSpec, RecipeError, RecipeSpec
+
+__all__ = ["Prepared", "TokenEstimate", "estimate_tokens", "prepare", "record_weights", "work_plan"]
+
+
+@dataclass(frozen=True)
+class TokenEstimate:
+    """Measured tokens per record byte (content) and fixed tokens per record (BOS/EOS)."""
+
+    tokens_per_byte: float
+    tokens_per_record: float
+    sampled: int
+
+
+def _estimation_sample(index: Any, *, seed: int, samples: int, ds_number: int) -> Iterator[tuple[int, list[int]]]:
+    """The seeded sample of records token estimation reads: ``(shard, [local record, ...])``
+    per shard, in shard order (the same sample on every rank and every run)."""
+    n = index.num_records
+    k = min(samples, n)
+    perm = IndexPermutation(n, stable_u64("token-estimate", seed, ds_number))
+    picks = np.sort(perm.take(np.arange(k)))
+    offsets = index.shard_offsets()
+    shards = np.searchsorted(offsets, picks, side="right") - 1
+    for s in np.unique(shards):
+        yield int(s), (picks[shards == s] - offsets[s]).tolist()
+
+
+def estimate_tokens(index: Any, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int) -> TokenEstimate:
+    """Tokens per text byte of a dataset, from a seeded sample of its records (text documents,
+    or the captions and text entries of image-text samples), tokenized in one call.
+
+    The bytes are the ones the plan weighs a record by: the indexed record size for text, the
+    UTF-8 size of the text segments for image-text records (their images are counted exactly
+    elsewhere, from the indexed image sizes)."""
+    texts: list[str] = []
+    nbytes = records = 0
+    for s, local in _estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
+        sizes = index.record_bytes(s)
+        for r, rec in zip(local, index.read(s, local)):
+            if isinstance(rec, str):
+                texts.append(rec)
+                nbytes += int(sizes[r])
+            elif getattr(rec, "segments", None) is not None:
+                segs = [seg for seg in rec.segments if isinstance(seg, str) and seg]
+                texts.extend(segs)
+                nbytes += sum(len(seg.encode("utf-8")) for seg in segs)
+            else:
+                continue  # a bad record: not sampled
+            records += 1
+    per_record = (1 if tokenizer.add_bos else 0) + (1 if tokenizer.add_eos else 0)
+    if not texts or nbytes == 0:
+        return TokenEstimate(tokens_per_byte=1.0, tokens_per_record=float(per_record), sampled=records)
+    content = sum(len(ids) for ids in tokenizer.encode_content(texts))
+    return TokenEstimate(tokens_per_byte=max(content, 1) / nbytes, tokens_per_record=float(per_record), sampled=records)
+
+
+class _ImageTextTokens:
+    """Record weights of an image-text dataset: estimated tokens per record (text bytes x
+    tokens/byte + BOS/EOS + each image's placeholder run, exact from its indexed size)."""
+
+    def __init__(self, index: Any, est: TokenEstimate, vision: VisionConfig) -> None:
+        self.index, self.est, self.vision = index, est, vision
+        self._cache: dict[int, np.ndarray] = {}
+
+    def __call__(self, shard: int) -> np.ndarray:
+        a = self._cache.get(shard)
+        if a is None:
+            text = (
+                self.index.record_bytes(shard).astype(np.float64) * self.est.tokens_per_byte
+                + self.est.tokens_per_record
+            )
+            n_img, ws, hs = self.index.image_sizes(shard)
+            per_image = np.array([self.vision.image_tokens(int(w), int(h)) + 2 for w, h in zip(ws, hs)], np.float64)
+            owner = np.repeat(np.arange(len(n_img)), n_img)
+            img = (
+                np.bincount(owner, weights=per_image, minlength=len(n_img)) if per_image.size else np.zeros(len(n_img))
+            )
+            a = self._cache[shard] = np.maximum(1, np.rint(text + img)).astype(np.int64)
+        return a
+
+
+class _Ones:
+    """Record weights for mixing by samples: every record weighs 1."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = list(sizes)
+        self._cache: dict[int, np.ndarray] = {}
+
+    def __call__(self, shard: int) -> np.ndarray:
+        a = self._cache.get(shard)
+        if a is None:
+            a = self._cache[shard] = np.ones(self.sizes[shard], dtype=np.int64)
+        return a
+
+
+def record_weights(spec: RecipeSpec, ds: DatasetSpec, index: Any, est: TokenEstimate) -> DatasetPlan:
+    """How the plan weighs the records of one dataset (one rule for every kind of dataset):
+
+    * text mixed by tokens: each record's byte size, times the measured tokens per byte, plus
+      BOS/EOS; long documents are planned as parts of at most ``[mixing].split_tokens``;
+    * image-text mixed by tokens: each record's estimated tokens, images counted exactly from
+      their indexed sizes; a sample with images is never split;
+    * mixing by samples: every record weighs 1.
+    """
+    sizes = [sh.num_records for sh in index.shards]
+    if spec.mixing.by == "samples":
+        return DatasetPlan(
+            ds.name, sizes, _Ones(sizes), tokens_per_byte=1.0, tokens_per_record=0.0, policy=ds.policy, epochs=ds.epochs
+        )
+    if ds.kind != "text":
+        weights = _ImageTextTokens(index, est, spec.vision.config)
+        return DatasetPlan(
+            ds.name, sizes, weights, tokens_per_byte=1.0, tokens_per_record=0.0, policy=ds.policy, epochs=ds.epochs
+        )
+    return DatasetPlan(
+        ds.name,
+        sizes,
+        index.record_bytes,
+        tokens_per_byte=est.tokens_per_byte,
+        tokens_per_record=est.tokens_per_record,
+        split_tokens=spec.mixing.split_tokens or None,
+        policy=ds.policy,
+        epochs=ds.epochs,
+    )
+
+
+def work_plan(spec: RecipeSpec, indexes: Sequence[Any], estimates: Mapping[str, TokenEstimate]) -> WorkPlan:
+    """The run's curriculum from its datasets' metadata and token estimates (no I/O)."""
+    plans = [record_weights(spec, s, ix, estimates[s.name]) for s, ix in zip(spec.datasets, indexes)]
+    return WorkPlan(
+        plans,
+        seed=spec.seed,
+        lanes=spec.lanes,
+        schedule=spec.schedule,
+        tokens_per_step=spec.rows_per_lane * spec.seq_len,
+    )
+
+
+def special_ids(spec: RecipeSpec, tok: TextTokenizer) -> dict[str, int]:
+    """Token ids of the image placeholder tokens (``[vision].*_token``), checked."""
+    out = {}
+    for name, text in spec.vision.tokens.items():
+        i = tok.token_to_id(text)
+        if i is None:
+            raise RecipeError(
+                f"recipe: [vision].{name}_token = {text!r} is not a token of the tokenizer at "
+                f"{spec.tokenizer.path!r}; add it to the tokenizer as a special token (as Qwen-VL tokenizers have), "
+                f"or set [vision].{name}_token to a special token it has"
+            )
+        out[name] = int(i)
+    if len(set(out.values())) != len(out):
+        raise RecipeError(f"recipe: [vision] placeholder tokens must be distinct tokens, got ids {out}")
+    bad = [n for n, i in out.items() if i in (tok.bos_id, tok.eos_id)]
+    if bad:
+        raise RecipeError(f"recipe: [vision].{bad[0]}_token is the tokenizer's BOS/EOS token; use a dedicated token")
+    return out
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a recipe needs at run time, read and measured once: the same on every rank."""
+
+    spec: RecipeSpec
+    indexes: tuple[Any, ...]
+    tokenizer: TextTokenizer
+    estimates: Mapping[str, TokenEstimate]
+    plan: WorkPlan
+    fetch: Any  # the mapper's worker function: FetchTokenize, or FetchVision for image-text recipes
+    fingerprint: str
+    special: Mapping[str, int]  # image placeholder token ids (multimodal recipes)
+
+    @property
+    def pad_id(self) -> int:
+        """The id padding uses: the tokenizer's pad token, else its EOS, else 0 (one rule for
+        the packers and the TorchTitan batch)."""
+        tok = self.tokenizer
+        return tok.pad_id if tok.pad_id is not None else (tok.eos_id or 0)
+
+    def shared_state(self) -> dict[str, Any]:
+        """The rank-independent part of a checkpoint: token estimates and the data and
+        tokenizer fingerprints (see :meth:`adopt`)."""
+        return {
+            "token_estimates": {
+                k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(self.estimates.items())
+            },
+            "data": {s.name: ix.fingerprint[:16] for s, ix in zip(self.spec.datasets, self.indexes)},
+            "tokenizer": self.tokenizer.fingerprint[:16],
+        }
+
+    def adopt(self, shared: Mapping[str, Any]) -> Prepared:
+        """The :class:`Prepared` a run resumed from a checkpoint with ``shared`` (its
+        :meth:`shared_state`) must use: this one, or a copy planned with the checkpoint's token
+        estimates. Refuses (naming what changed) a checkpoint whose files or tokenizer differ."""
+        data = shared.get("data", {})
+        if not isinstance(data, dict):
+            raise StateError(f"checkpoint 'shared.data' must be a JSON object, got {type(data).__name__}")
+        for s, ix in zip(self.spec.datasets, self.indexes):
+            old = data.get(s.name)
+            if old is not None and old != ix.fingerprint[:16]:
+                raise StateError(
+                    f"the files of dataset {s.name!r} changed since the checkpoint was written (a shard was "
+                    f"added, removed or modified under {s.path!r}): resuming would feed different data. Restore "
+                    "the original files, or start a new run from this data."
+                )
+        tok = shared.get("tokenizer")
+        if tok is not None and tok != self.tokenizer.fingerprint[:16]:
+            raise StateError(
+                f"the tokenizer at {self.spec.tokenizer.path!r} (or the BOS/EOS policy) changed since the checkpoint "
+                "was written; restore it, or start a new run."
+            )
+        raw = shared.get("token_estimates")
+        if raw is None:
+            return self
+        names = sorted(s.name for s in self.spec.datasets)
+        if not isinstance(raw, dict) or sorted(raw) != names:
+            got = sorted(raw) if isinstance(raw, dict) else raw
+            raise StateError(f"checkpoint token estimates are for datasets {got!r}, the recipe has {names}")
+        try:
+            adopted = {k: TokenEstimate(float(v[0]), float(v[1]), int(v[2])) for k, v in raw.items()}
+        except (TypeError, ValueError, IndexError, OverflowError):
+            raise StateError(
+                f"checkpoint token estimates must be [tokens_per_byte, tokens_per_record, sampled] per dataset, got {raw!r}"
+            ) from None
+        if adopted == dict(self.estimates):
+            return self
+        return dataclasses.replace(self, estimates=adopted, plan=work_plan(self.spec, self.indexes, adopted))
+
+
+def _index(spec: RecipeSpec, s: DatasetSpec, progress: bool | None) -> Any:
+    if s.kind == "text":
+        return index_dataset(
+            s.name,
+            s.path,
+            format=s.format,
+            text_field=s.text_field,
+            text_mode=s.text_mode,
+            cache_dir=spec.cache_dir,
+            progress=progress,
+        )
+    return index_multimodal(
+        s.name,
+        s.path,
+        kind=s.kind,
+        format=s.format,
+        text_field=s.text_field,
+        image_field=s.image_field,
+        cache_dir=spec.cache_dir,
+    )
+
+
+def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
+    """Load the tokenizer, index the datasets, estimate tokens and plan the work (I/O)."""
+    t = spec.tokenizer
+    try:
+        tok = TextTokenizer(t.path, t.add_bos, t.add_eos, t.bos_token, t.eos_token)
+    except (OSError, ValueError) as e:
+        raise RecipeError(f"recipe: [tokenizer]: {e}") from None
+    indexes = tuple(_index(spec, s, progress) for s in spec.datasets)
+    special = special_ids(spec, tok) if spec.multimodal else {}
+    for s, ix in zip(spec.datasets, indexes):
+        if ix.num_records == 0:
+            raise RecipeError(
+                f"recipe: dataset {s.name!r} has no records at {s.path!r}; fix the path or remove the dataset"
+            )
+    pairs: Any = list(enumerate(zip(spec.datasets, indexes)))
+    if progress:
+        pairs = tqdm(pairs, desc="token estimation", unit="dataset")
+    estimates = {
+        s.name: estimate_tokens(ix, tok, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=i)
+        for i, (s, ix) in pairs
+    }
+    h = hashlib.sha256()
+    h.update(json.dumps(spec.data_definition(), sort_keys=True, default=str).encode())
+    for ix in indexes:
+        h.update(ix.fingerprint.encode())
+    h.update(tok.fingerprint.encode())
+    on_error = [s.on_error for s in spec.datasets]
+    if spec.multimodal:
+        kinds = [s.kind for s in spec.datasets]
+        fetch: Any = FetchVision(
+            indexes, kinds, tok, spec.vision.config, special, on_error=on_error, row_len=spec.seq_len + 1
+        )
+    else:
+        align = 1 if spec.pack.algorithm == "greedy" else spec.seq_len + 1
+        fetch = FetchTokenize(indexes, tok, on_error, align=align)
+    return Prepared(
+        spec=spec,
+        indexes=indexes,
+        tokenizer=tok,
+        estimates=estimates,
+        plan=work_plan(spec, indexes, estimates),
+        fetch=fetch,
+        fingerprint=h.hexdigest()[:32],
+        special=special,
+    )
