@@ -143,7 +143,7 @@ def _wait_stats(w: dict[str, Any]) -> dict[str, float]:
 
 
 def write_report(data: dict[str, Any], stem: str) -> str:
-    from benchmarks.run import LABELS
+    from benchmarks.text_contenders import LABELS
 
     A = aggregate(data)
     by = A["by"]

@@ -149,7 +149,7 @@ def aggregate(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_vision_report(data: dict[str, Any], stem: str) -> str:
-    from benchmarks.run_vision import VLABELS
+    from benchmarks.vision_contenders import VLABELS
 
     A = aggregate(data)
     by = A["by"]

@@ -21,24 +21,21 @@ Each measurement runs in a fresh Python process (clean peak RSS, no leftover thr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from benchmarks.common import HERE, RssSampler, Runner, available_mod, machine, versions  # noqa: E402
 
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(HERE, ".data", "hf_cache"))
@@ -108,15 +105,6 @@ PLANS: dict[str, dict[str, Any]] = {
 LANES_SHUFFLE_ROWS = 8  # per-lane window in the lanes-per-rank sweep (256 lanes x 64 rows would be 1 GB)
 
 CONTENDERS = ["zephon", "grain_threads", "grain_mp", "torchdata", "titan"]
-LABELS = {
-    "zephon": "zephon (thread workers)",
-    "grain_threads": "Grain (threads)",
-    "grain_mp": "Grain (mp_prefetch)",
-    "torchdata": "torchdata.nodes ParallelMapper",
-    "titan": "TorchTitan HuggingFaceTextDataLoader",
-    "titan_nw2": "TorchTitan, num_workers=2",
-    "limit": "limit: encode_batch_fast alone",
-}
 NEEDS = {
     "grain_threads": "grain",
     "grain_mp": "grain",
@@ -128,54 +116,6 @@ NEEDS = {
 
 
 # =========================================================================== worker side
-class RssSampler:
-    """Peak resident memory of this process plus all its children, sampled every 50 ms."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self.proc = psutil.Process()
-        self.peak = 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> None:
-        total = 0
-        try:
-            total = self.proc.memory_info().rss
-            for c in self.proc.children(recursive=True):
-                with contextlib.suppress(Exception):
-                    total += c.memory_info().rss
-        except Exception:
-            pass
-        self.peak = max(self.peak, total)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            self._sample()
-
-    def __enter__(self) -> RssSampler:
-        self._sample()
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._sample()
-        self._stop.set()
-        self._t.join()
-
-    def cpu_s(self) -> float:
-        """User + system CPU seconds of this process and its live children so far."""
-        total = 0.0
-        for p in [self.proc] + self.proc.children(recursive=True):
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except Exception:
-                pass
-        return total
-
-
 def _settings(spec: dict[str, Any]):
     from benchmarks.text_contenders import Settings
 
@@ -367,99 +307,9 @@ def worker_main(spec_json: str) -> None:
 
 
 # =========================================================================== orchestrator
-class Runner:
-    def __init__(self, inprocess: bool, tmp: str, log) -> None:
-        self.inprocess, self.tmp, self.log, self.n = inprocess, tmp, log, 0
-
-    def call(self, spec: dict[str, Any], timeout: float = 900, prefix: list[str] | None = None) -> dict[str, Any]:
-        self.n += 1
-        spec = dict(spec, out=os.path.join(self.tmp, f"r{self.n}.json"))
-        if self.inprocess and prefix is None:
-            worker_main(json.dumps(spec))
-        else:
-            cmd = (prefix or []) + [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
-            try:
-                p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
-            if not os.path.exists(spec["out"]):
-                tail = (p.stderr or "")[-2000:]
-                return {"ok": False, "error": f"worker exited with {p.returncode} and no result: {tail}"}
-        with open(spec["out"]) as f:
-            res = json.load(f)
-        if not res["ok"]:
-            self.log(f"    ! {res['error']}")
-        return res
-
-
 def available(name: str) -> str | None:
-    import importlib.util
-
     mod = NEEDS.get(name)
-    if mod is None:
-        return None
-    try:
-        if importlib.util.find_spec(mod) is None:
-            return f"{mod} is not installed"
-    except ModuleNotFoundError:
-        return f"{mod} is not installed"
-    return None
-
-
-def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for p in (
-        "zephon",
-        "grain",
-        "torch",
-        "torchdata",
-        "torchtitan",
-        "tokenizers",
-        "datasets",
-        "numpy",
-        "pillow",
-        "matplotlib",
-        "py-spy",
-    ):
-        try:
-            out[p] = version(p)
-        except PackageNotFoundError:
-            out[p] = "not installed"
-    return out
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    mem = None
-    try:
-        import psutil
-
-        mem = round(psutil.virtual_memory().total / 2**30, 1)
-    except Exception:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "memory_gib": mem,
-        "platform": platform.platform(),
-        "loadavg_start": os.getloadavg(),
-    }
-
-
-def med(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
+    return None if mod is None else available_mod(mod)
 
 
 def run_text(
@@ -490,7 +340,7 @@ def run_text(
     }
     log(f"  {corpus['docs']} documents, {corpus['bytes'] / 1e6:.1f} MB of JSONL in {len(corpus['files'])} shards")
     tmp = tempfile.mkdtemp(prefix="zephon-bench-")
-    R = Runner(inprocess, tmp, log)
+    R = Runner(inprocess, tmp, log, worker_main)
     skipped = {n: why for n in CONTENDERS + ["titan_nw2"] if (why := available(n))}
     for n, why in skipped.items():
         log(f"  skipping {n}: {why}")
@@ -669,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.only in ("vision", "all"):
         from benchmarks.run_vision import run_vision
 
-        run_vision(a.size, a.rounds, not a.no_profile, a.inprocess, log, a.out)
+        run_vision(a.size, a.rounds, not a.no_profile, a.inprocess, log, a.out, worker_main=worker_main)
     return 0
 
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 # size -> plan. steps: batches timed after the first batch and `warmup` untimed ones.
@@ -60,15 +61,6 @@ TITAN_UNPACKED_STEPS = 10
 
 VCONTENDERS = ["zephon", "zephon_proc", "grain_threads", "grain_mp", "titan"]
 VREFS = ["limit", "work"]  # decode alone (the limit); the whole per-image work, no loader
-VLABELS = {
-    "zephon": "zephon (thread workers)",
-    "zephon_proc": "zephon (process workers)",
-    "grain_threads": "Grain (threads)",
-    "grain_mp": "Grain (mp_prefetch)",
-    "titan": "TorchTitan MMDataLoader",
-    "limit": "limit: Pillow decode alone",
-    "work": "reference: per-image work alone",
-}
 VNEEDS = {
     "zephon": "zephon",
     "zephon_proc": "zephon",
@@ -104,7 +96,7 @@ def _vbuild(name: str, s, threads: int):
 def w_vthroughput(spec: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
-    from benchmarks.run import RssSampler
+    from benchmarks.common import RssSampler
     from benchmarks.vision_contenders import batch_stats
 
     s = _vsettings(spec)
@@ -157,7 +149,7 @@ def w_vthroughput(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def w_vlimit(spec: dict[str, Any]) -> dict[str, Any]:
-    from benchmarks.run import RssSampler
+    from benchmarks.common import RssSampler
     from benchmarks.vision_contenders import limit_images_per_s
 
     s = _vsettings(spec)
@@ -180,11 +172,17 @@ VWORKERS = {"vthroughput": w_vthroughput, "vlimit": w_vlimit}
 
 # =========================================================================== orchestrator
 def run_vision(
-    size: str, rounds: int | None, do_profile: bool, inprocess: bool | None, log, out_dir: str | None = None
+    size: str,
+    rounds: int | None,
+    do_profile: bool,
+    inprocess: bool | None,
+    log,
+    out_dir: str | None = None,
+    *,
+    worker_main: Callable[[str], None],
 ) -> str:
-    from benchmarks.common import bracketed_rounds
+    from benchmarks.common import HERE, Runner, available_mod, bracketed_rounds, machine, versions
     from benchmarks.corpus import DATA, vision_corpus, vl_tokenizer
-    from benchmarks.run import HERE, Runner, machine, versions
     from benchmarks.vision_contenders import VSettings
 
     plan = dict(VPLANS[size])
@@ -211,7 +209,7 @@ def run_vision(
         f"{corpus['bytes'] / 1e6:.1f} MB in {len(corpus['files'])} tar shards"
     )
     tmp = tempfile.mkdtemp(prefix="zephon-vbench-")
-    R = Runner(inprocess, tmp, log)
+    R = Runner(inprocess, tmp, log, worker_main)
     skipped = {}
     for n in VCONTENDERS:
         why = None
@@ -305,14 +303,3 @@ def run_vision(
     md = write_vision_report(data, os.path.join(out_dir, f"vision_{size}"))
     log(f"[vision/{size}] done in {data['wall_s']:.0f} s: {md}")
     return md
-
-
-def available_mod(mod: str) -> str | None:
-    import importlib.util
-
-    try:
-        if importlib.util.find_spec(mod) is None:
-            return f"{mod} is not installed"
-    except ModuleNotFoundError:
-        return f"{mod} is not installed"
-    return None

@@ -23,6 +23,17 @@ from typing import Any
 
 import numpy as np
 
+#: how reports and logs name each contender
+LABELS = {
+    "zephon": "zephon (thread workers)",
+    "grain_threads": "Grain (threads)",
+    "grain_mp": "Grain (mp_prefetch)",
+    "torchdata": "torchdata.nodes ParallelMapper",
+    "titan": "TorchTitan HuggingFaceTextDataLoader",
+    "titan_nw2": "TorchTitan, num_workers=2",
+    "limit": "limit: encode_batch_fast alone",
+}
+
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 CHUNK = 32  # documents per tokenizer call (zephon's default [workers].chunk_size)

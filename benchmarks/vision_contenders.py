@@ -34,6 +34,17 @@ from typing import Any
 
 import numpy as np
 
+#: how reports and logs name each contender
+VLABELS = {
+    "zephon": "zephon (thread workers)",
+    "zephon_proc": "zephon (process workers)",
+    "grain_threads": "Grain (threads)",
+    "grain_mp": "Grain (mp_prefetch)",
+    "titan": "TorchTitan MMDataLoader",
+    "limit": "limit: Pillow decode alone",
+    "work": "reference: per-image work alone",
+}
+
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 SEED = 1

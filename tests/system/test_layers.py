@@ -73,11 +73,11 @@ def imports(module: str, path: pathlib.Path) -> Iterator[tuple[str, int, str, li
 FILES = module_files()
 
 
-def _resolve(target: str, names: list[str]) -> list[str]:
-    """The package modules an import statement reaches (``from pkg import submodule`` included)."""
-    if target not in FILES:
+def _resolve(target: str, names: list[str], files: dict[str, pathlib.Path] = FILES) -> list[str]:
+    """The modules of ``files`` an import statement reaches (``from pkg import submodule`` included)."""
+    if target not in files:
         return [target] if target.startswith("zephon") else []
-    return [target] + [f"{target}.{n}" for n in names if f"{target}.{n}" in FILES]
+    return [target] + [f"{target}.{n}" for n in names if f"{target}.{n}" in files]
 
 
 def test_every_subpackage_is_a_layer():
@@ -148,7 +148,7 @@ def _graph(files: dict[str, pathlib.Path]) -> dict[str, set[str]]:
         for where, _, target, names in imports(module, path):
             if where != "code":
                 continue
-            for t in _resolve(target, names) if target in files or target.startswith("zephon") else [target]:
+            for t in _resolve(target, names, files):
                 if t in files and t != module:
                     graph[module].add(t)
     return graph
