@@ -15,7 +15,7 @@ behind a fake training step, and a py-spy profile. Writes benchmarks/results/tex
 text_<size>.png (and text_<size>.json with every raw measurement).
 
 Each measurement runs in a fresh Python process (clean peak RSS, no leftover threads), except at
-``--size smoke``, which runs in-process to stay fast (used by tests/test_benchmarks_smoke.py).
+``--size smoke``, which runs in-process to stay fast (used by tests/system/test_benchmarks_smoke.py).
 """
 
 from __future__ import annotations

@@ -393,7 +393,7 @@ for file, reason in reasons:
     print(f"  {file}: {reason}")
 
 # %% [markdown]
-# **See also:** `tests/test_vision.py` (hashes across W ∈ {1, 2, 4}, workers ∈ {0, 2, 4}, threads and
-# processes, resumes; every node's restore-at-every-step check) and `tests/test_vision_titan.py`
+# **See also:** `tests/recipe/test_vision.py` (hashes across W ∈ {1, 2, 4}, workers ∈ {0, 2, 4}, threads and
+# processes, resumes; every node's restore-at-every-step check) and `tests/integrations/test_vision_titan.py`
 # (TorchTitan's resize, patch layout and MRoPE positions, the Qwen3.5 debug model's forward pass
 # on zephon batches, and a `CheckpointManager` round trip across world sizes).

@@ -5,7 +5,7 @@
     python scripts/plot_titan_resume.py --plot-only    # redraw the PNG from the JSON
 
 Trains TorchTitan 0.3.0's llama3 debug model on CPU (gloo, real ``torchrun`` processes, through
-``tests/titan_launcher.py``, which patches TorchTitan for CPU and records the loss of every step)
+``tests/support/titan_launcher.py``, which patches TorchTitan for CPU and records the loss of every step)
 four times, on the same data and global batch:
 
   (a) zephon, uninterrupted on W=2 ranks, steps 1..N;
@@ -18,7 +18,7 @@ four times, on the same data and global batch:
 
 Losses go to docs/img/titan_resume.json, the plot to docs/img/titan_resume.png (left: (a) vs (b),
 right: (c) vs (d); bottom row: |loss difference| to the uninterrupted run). The default data is a
-small generated corpus (lanes 8, seq_len 64, global batch 16 rows, as in tests/test_titan.py);
+small generated corpus (lanes 8, seq_len 64, global batch 16 rows, as in tests/integrations/test_titan.py);
 ``--recipe demo`` uses the bundled demo recipe of ``--config zephon_llama3_debug`` (slower).
 """
 
@@ -36,12 +36,12 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(ROOT, "tests")
+TESTS = os.path.join(ROOT, "tests", "support")  # the CPU launcher and the helpers it imports
 LAUNCHER = os.path.join(TESTS, "titan_launcher.py")
 
 
 def write_small_recipe(root: str) -> str:
-    """The small recipe of tests/test_titan.py: 8 lanes, seq_len 64, global batch 16 rows."""
+    """The small recipe of tests/integrations/test_titan.py: 8 lanes, seq_len 64, global batch 16 rows."""
     from zephon.tools.demo import DEMO_TOML, TOKENIZER_DIR
     from zephon.tools.synth import make_demo_corpus
 
@@ -99,7 +99,7 @@ class Runner:
             str(self.steps),
         ] + list(extra)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={W}", LAUNCHER] + args
-        shown = " ".join(["torchrun --standalone", f"--nproc_per_node={W}", "tests/titan_launcher.py"] + args)
+        shown = " ".join(["torchrun --standalone", f"--nproc_per_node={W}", "tests/support/titan_launcher.py"] + args)
         print(f"[{name}] {shown.replace(self.work + os.sep, '')}", flush=True)
         t0 = time.time()
         p = subprocess.run(cmd, env=self.env(out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -247,7 +247,7 @@ def run_all(args) -> dict:
         "setup": {
             "model": "TorchTitan llama3 debugmodel (vocab 4096, SDPA attention on CPU), FSDP, AdamW lr 8e-4, "
             "2 warmup steps then constant",
-            "device": "CPU, gloo, torchrun (tests/titan_launcher.py)",
+            "device": "CPU, gloo, torchrun (tests/support/titan_launcher.py)",
             "recipe": args.recipe,
             "lanes": r.lanes,
             "seq_len": r.seq_len,

@@ -7,7 +7,7 @@ bash scripts/setup.sh dev
 # otherwise that one test skips and says how to install it.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-    || echo "note: could not install chromium; tests/test_browser.py will skip"
+    || echo "note: could not install chromium; tests/tools/test_browser.py will skip"
 fi
 # the gates that keep the tree readable: lint, format, types (scripts/typecheck.sh)
 .venv/bin/ruff check .

@@ -18,20 +18,14 @@ This package is the public face of five layers, each one sub-package, importing 
 ``zephon.titan``, ``zephon.testing``, ``zephon.demo``, ``zephon.display``, ``zephon.plots`` and
 ``zephon.synth`` are the short public paths of modules in those layers.
 
-A synthetic pipeline of 8 lanes, checkpointed on 4 ranks and resumed on 2:
+Quickstart (the README has more; the engine's own example, with no operators at all, is in
+:mod:`zephon.engine`):
 
-    >>> import functools
-    >>> from zephon.testing import toy_lane
-    >>> lane = functools.partial(toy_lane, n=None)
-    >>> with GlobalLoader(lane, lanes=8, world_size=1, seed=1234) as g:
-    ...     reference = [batch_sha256(next(g)) for _ in range(4)]
-    >>> with GlobalLoader(lane, lanes=8, world_size=4, seed=1234, workers=WorkerConfig(2, "thread")) as g:
-    ...     first = [batch_sha256(next(g)) for _ in range(2)]
-    ...     state = g.state_dict()                  # lane-keyed JSON
-    >>> with GlobalLoader(lane, lanes=8, world_size=2, seed=1234) as g:
-    ...     g.load_state_dict(state)
-    ...     rest = [batch_sha256(next(g)) for _ in range(2)]
-    >>> first + rest == reference
+    >>> from zephon.demo import demo_recipe
+    >>> import tempfile
+    >>> recipe = demo_recipe(tempfile.mkdtemp(), scale=0.01).replace(shuffle={"buffer": 1})
+    >>> with recipe.global_loader(world_size=1) as g1, recipe.global_loader(world_size=4) as g4:
+    ...     batch_sha256(next(g1)) == batch_sha256(next(g4))
     True
 """
 
@@ -68,7 +62,7 @@ from zephon.recipe import Recipe, RecipeError
 __version__ = "0.1.0"
 
 #: the layers, bottom up: a module imports only from its own layer or the ones before it
-#: (``tests/test_layers.py`` checks every import of every file against the tree)
+#: (``tests/system/test_layers.py`` checks every import of every file against the tree)
 LAYERS = ("engine", "data", "nodes", "recipe", "tools", "integrations")
 
 __all__ = [

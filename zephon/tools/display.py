@@ -121,8 +121,8 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
     tokenizing it gives back the row's text tokens; re-reading a cited image and preprocessing it
     (:func:`zephon.nodes.vision.preprocess_image`) gives back the batch's pixels.
 
-    The module docstring has a worked example (an image-caption tar shard); ``tests/
-    test_display.py`` and ``tests/test_display_mm.py`` re-read every cited range of text,
+    The module docstring has a worked example (an image-caption tar shard); ``tests/tools/
+    test_display.py`` and ``tests/tools/test_display_mm.py`` re-read every cited range of text,
     WebDataset, Parquet and interleaved sources and get the batch back.
     """
     if "provenance" not in batch:
