@@ -56,7 +56,7 @@ import numpy as np
 
 from zephon.data import MMRecord, image_header_size
 from zephon.engine import LaneContext, lanes_of_rank, valid_world_sizes
-from zephon.nodes import Provenance, VisionConfig, sample_layout
+from zephon.nodes import IGNORE_INDEX, Provenance, VisionConfig, sample_layout
 
 __all__ = [
     "MM_BATCH_FIELDS",
@@ -560,7 +560,7 @@ class BatchView:
             k = None if b["index"] is None else b["index"] - first
             b["patches"] = tuple(int(v) for v in spans[k]) if k is not None else None
             lo, hi = b["start"], b["stop"]
-            b["masked"] = int((self.batch["labels"][i][lo:hi] == -100).sum())
+            b["masked"] = int((self.batch["labels"][i][lo:hi] == IGNORE_INDEX).sum())
         return blocks
 
     def image(self, n: int) -> np.ndarray:
@@ -601,7 +601,7 @@ class BatchView:
                 "dataset": self.names[ds] if 0 <= ds < len(self.names) else str(ds),
                 "dataset_index": ds,
                 "tokens": len(pos),
-                "masked": int((r["labels"][pos] == -100).sum()),
+                "masked": int((r["labels"][pos] == IGNORE_INDEX).sum()),
             }
             lo, hi = int(pos[0]), int(pos[-1]) + 1
             if self.multimodal and hi - lo == len(pos):
