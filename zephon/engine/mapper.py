@@ -136,6 +136,8 @@ class OrderedMapper(ZNode[Any]):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.max_in_flight = max_in_flight
+        if self.pool is not None:
+            self.pool.note_in_flight(max_in_flight)  # the pool's result arenas are sized from it
         self.name = name
         self.lane = lane
         self._tasks: collections.deque[_Task] = collections.deque()
@@ -206,6 +208,13 @@ class OrderedMapper(ZNode[Any]):
         self._pos += 1
         return out
 
+    def prime(self) -> None:
+        """Submit the first chunks without waiting for them (a router primes every lane before
+        its first pull, so the shared pool has every lane's work from the start). Changes
+        nothing but timing: the state still describes what was delivered."""
+        if self._current is None and not self._tasks and self._error is None:
+            self._fill()
+
     # -- internals --------------------------------------------------------------------------
     def _fill(self) -> None:
         while not self._exhausted and len(self._tasks) < self.max_in_flight:
@@ -252,6 +261,8 @@ class OrderedMapper(ZNode[Any]):
 
     def _collect(self, task: _Task) -> list[Any]:
         t0 = time.perf_counter()
+        if self.pool is not None:
+            self.pool.demand(task.future)  # the consumer waits for it: run it next
         try:
             res = task.future.result(timeout=self.workers.timeout_s)
             self._wait += time.perf_counter() - t0
@@ -285,5 +296,7 @@ class OrderedMapper(ZNode[Any]):
 
     def _close_own(self) -> None:
         self._cancel_pending()
-        if self._own_pool and self.pool is not None:
-            self.pool.close()
+        if self.pool is not None:
+            self.pool.note_in_flight(-self.max_in_flight)
+            if self._own_pool:
+                self.pool.close()
