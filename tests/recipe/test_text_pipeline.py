@@ -56,6 +56,19 @@ def test_identical_with_process_workers(recipe, reference, world, count):
     assert hashes(recipe, world, STEPS, WorkerConfig(count, "process"))[0] == reference
 
 
+@pytest.mark.parametrize("shm_mb", [None, 0], ids=["shm_on", "shm_off"])
+def test_identical_with_process_workers_shm_on_and_off(recipe, reference, shm_mb):
+    # token ids and per-document arrays through the workers' shared-memory arenas (or pickled)
+    with recipe.global_loader(2, workers=WorkerConfig(2, "process", shm_mb=shm_mb)) as g:
+        got = [batch_sha256(next(g)) for _ in range(STEPS)]
+        pools = [m for r in g.routers for m in r.pools.metrics()]
+    assert got == reference
+    if shm_mb is None:
+        assert pools and all(m["shm"] == "on" and m["shm_results"] > 0 for m in pools)
+    else:
+        assert pools and all(m["shm"] == "off (shm_mb = 0)" for m in pools)
+
+
 @pytest.mark.parametrize("resume_world", [2, 8])
 def test_save_at_w4_resume_elsewhere(recipe, reference, resume_world):
     first, state = hashes(recipe, 4, 9)

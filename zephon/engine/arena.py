@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import fcntl
 import mmap
 import os
@@ -86,7 +87,7 @@ _MIN_AUTO = 32 << 20  # the automatic budget is never below this
 _RELEASE_MIN = 32 << 20  # hand pages back only when at least this much is idle
 _FREE = struct.Struct("<q")
 # header words (int64): set by the consumer / written by the worker
-_H_CAPACITY, _H_PER_WORKER, _H_LIVE, _H_TOUCHED, _H_PEAK, _H_RELEASED, _H_PID, _H_FALLBACK = range(8)
+_H_CAPACITY, _H_PER_WORKER, _H_LIVE, _H_TOUCHED, _H_PEAK, _H_RELEASED, _H_PID, _H_FALLBACK, _H_BUDGET = range(9)
 
 
 def arena_available() -> bool:
@@ -260,7 +261,7 @@ class ArenaSet:
                 touched += self._get(i, _H_TOUCHED)
                 released += self._get(i, _H_RELEASED)
                 fallbacks += self._get(i, _H_FALLBACK)
-                budgets.append(self._get(i, _H_CAPACITY))
+                budgets.append(self._get(i, _H_BUDGET))
         return {
             "shm_results": self.shm_results,
             "inband_results": self.inband_results,
@@ -270,7 +271,7 @@ class ArenaSet:
             "touched_bytes": touched,
             "released_bytes": released,
             "full_fallbacks": fallbacks,
-            "budget_bytes": max(budgets) if budgets else 0,
+            "budget_bytes": max(budgets) if budgets else 0,  # the largest arena budget in force
             "reserve_bytes": self.reserve,
         }
 
@@ -282,10 +283,8 @@ class ArenaSet:
                 return
             self.closed = True
             for fd in [*self._free_w, *self._free_r, *self._fds]:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
             self._free_w, self._free_r, self._fds = [], [], []
         # the mmap objects die with the last numpy view of each (closing one that has views
         # would raise); until then they hold the memory of the results still in use
@@ -382,6 +381,7 @@ class _WorkerArena:
             self.touched = start - _HEADER
 
     def _publish(self) -> None:
+        self._put(_H_BUDGET, self.budget())
         self._put(_H_LIVE, self.live)
         self._put(_H_TOUCHED, self.touched)
         self._put(_H_PEAK, self.peak)
@@ -429,10 +429,8 @@ def _claim(arena_fds: list[Any], free_fds: list[Any], reserve: int) -> _WorkerAr
 
 
 def _close(fd: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.close(fd)
-    except OSError:
-        pass
 
 
 def arena_worker_start(arena_fds: list[Any], free_fds: list[Any], reserve: int) -> None:

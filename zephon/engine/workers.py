@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import functools
 import math
 import multiprocessing as mp
 import pickle
@@ -257,7 +258,7 @@ class WorkerPool:
                     fut._inner = inner
                     self._inside += 1
                     fut._fn, fut._args = None, ()  # type: ignore[assignment]  # the executor holds them now
-                inner.add_done_callback(lambda inner, fut=fut: self._finished(fut, inner))
+                inner.add_done_callback(functools.partial(self._finished, fut))
         finally:
             self._local.active = False
 

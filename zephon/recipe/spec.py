@@ -497,13 +497,17 @@ def _mixing(mixing: Any, seq_len: int) -> MixingSpec:
 
 def _workers(r: Mapping[str, Any]) -> WorkersSpec:
     workers = _table("[workers]", r.get("workers", {}))
-    _check_keys("[workers]", workers, ["count", "backend", "timeout_s", "start_method", "chunk_size", "prefetch"])
+    _check_keys(
+        "[workers]", workers, ["count", "backend", "timeout_s", "start_method", "chunk_size", "prefetch", "shm_mb"]
+    )
+    shm = workers.get("shm_mb", "auto")
     try:
         default = WorkerConfig(
             count=_int("[workers].", "count", workers.get("count", 0), 0),
             backend=_str("[workers].", "backend", workers.get("backend", "thread"), BACKENDS),
             timeout_s=_num("[workers].", "timeout_s", workers.get("timeout_s", 300.0), positive=True),
             start_method=_str("[workers].", "start_method", workers.get("start_method", "forkserver")),
+            shm_mb=None if shm == "auto" else _int("[workers].", "shm_mb", shm, 0),
         )
     except ValueError as e:
         if isinstance(e, RecipeError):

@@ -6,6 +6,7 @@ Each command is also a function here, so a notebook or a test can call it withou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -41,12 +42,7 @@ def _workers(recipe: Recipe, count: int | None, backend: str | None) -> WorkerCo
     if count is None and backend is None:
         return None
     base = recipe.spec.workers.for_stage("vision" if recipe.multimodal else "tokenize")
-    return WorkerConfig(
-        count=base.count if count is None else count,
-        backend=backend or base.backend,
-        timeout_s=base.timeout_s,
-        start_method=base.start_method,
-    )
+    return dataclasses.replace(base, count=base.count if count is None else count, backend=backend or base.backend)
 
 
 def run_hashes(
