@@ -84,6 +84,8 @@ def _vbuild(name: str, s, threads: int):
         return vc.build_zephon(s, threads)
     if name == "zephon_proc":
         return vc.build_zephon(s, threads, backend="process")
+    if name == "zephon_proc_noshm":
+        return vc.build_zephon(s, threads, backend="process", shm_mb=0)
     if name == "grain_threads":
         return vc.build_grain_threads(s, threads)
     if name == "grain_mp":

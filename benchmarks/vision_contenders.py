@@ -279,12 +279,12 @@ def zephon_recipe(s: VSettings):
     )
 
 
-def build_zephon(s: VSettings, threads: int, backend: str = "thread") -> Built:
+def build_zephon(s: VSettings, threads: int, backend: str = "thread", shm_mb: int | None = None) -> Built:
     from zephon import WorkerConfig
 
     r = zephon_recipe(s)
     r.prepare()
-    g = r.global_loader(world_size=1, workers=WorkerConfig(threads, backend))
+    g = r.global_loader(world_size=1, workers=WorkerConfig(threads, backend, shm_mb=shm_mb))
 
     def state_bytes():
         st = g.state_dict()
