@@ -185,6 +185,7 @@ def w_throughput(spec: dict[str, Any]) -> dict[str, Any]:
         t2 = time.perf_counter()
         c2 = mem.cpu_s()
         state = built.state_bytes()
+        pools = [m for r in built.loader.routers for m in r.pools.metrics()] if built.loader is not None else []
         built.close()
     assert seq == s.seq_len, (name, x.shape)
     return {
@@ -203,6 +204,7 @@ def w_throughput(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_s_per_mtok": (c2 - c1) / (steps * rows * seq / 1e6),
         "notes": built.notes,
         "kw": kw,
+        "pools": pools,
     }
 
 
