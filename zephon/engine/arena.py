@@ -150,7 +150,8 @@ class ArenaSet:
         if workers < 1:
             raise ValueError(f"an ArenaSet needs workers >= 1, got {workers}")
         self.workers = workers
-        self.reserve = int(capacity if capacity else (reserve or _default_reserve(workers)))
+        size = int(capacity if capacity else (reserve or _default_reserve(workers)))
+        self.reserve = -(-size // _PAGE) * _PAGE
         self.capacity = capacity
         self._fds: list[int] = []
         self._maps: list[mmap.mmap] = []
@@ -208,6 +209,8 @@ class ArenaSet:
         arena; their space goes back when the last one dies). Anything else passes through."""
         if not isinstance(msg, Packed):
             return msg
+        if self.closed:  # a task that finished after the pool closed: nobody waits for it
+            raise RuntimeError(f"{self!r}: a result arrived after the pool was closed")
         if msg.arena < 0:
             with self._stat_lock:
                 self.inband_results += 1
@@ -286,8 +289,9 @@ class ArenaSet:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             self._free_w, self._free_r, self._fds = [], [], []
-        # the mmap objects die with the last numpy view of each (closing one that has views
-        # would raise); until then they hold the memory of the results still in use
+            # the mmap objects die with the last numpy view of each (closing one that has views
+            # would raise); until then they hold the memory of the results still in use
+            self._maps = []
 
     def __repr__(self) -> str:
         return f"ArenaSet({self.workers} arenas of {self.reserve >> 20} MiB{', closed' if self.closed else ''})"

@@ -212,7 +212,7 @@ class OrderedMapper(ZNode[Any]):
         """Submit the first chunks without waiting for them (a router primes every lane before
         its first pull, so the shared pool has every lane's work from the start). Changes
         nothing but timing: the state still describes what was delivered."""
-        if self._current is None and not self._tasks and self._error is None:
+        if self.pool is not None and self._current is None and not self._tasks and self._error is None:
             self._fill()
 
     # -- internals --------------------------------------------------------------------------
