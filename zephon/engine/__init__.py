@@ -38,15 +38,19 @@ from .checkpoint import (
     save_state,
 )
 from .lanes import (
+    END_MODES,
     GlobalLoader,
     LaneContext,
+    LaneEnd,
     LaneSet,
     Router,
     batch_sha256,
     check_world_size,
     collate,
+    count_lane_steps,
     divisors,
     lanes_of_rank,
+    ledger_digest,
     valid_world_sizes,
 )
 from .mapper import OrderedMapper, WorkerError, describe_item
@@ -58,6 +62,7 @@ from .workers import BACKENDS, PoolSet, ProcessLocal, WorkerConfig, WorkerPool
 __all__ = [
     "ANCHOR",
     "BACKENDS",
+    "END_MODES",
     "EXTRA",
     "FORMAT_VERSION",
     "SHARED_KEY",
@@ -67,6 +72,7 @@ __all__ = [
     "GlobalLoader",
     "IndexPermutation",
     "LaneContext",
+    "LaneEnd",
     "LaneSet",
     "OrderedMapper",
     "PipelineError",
@@ -83,6 +89,7 @@ __all__ = [
     "check_world_size",
     "close_node",
     "collate",
+    "count_lane_steps",
     "decode_state",
     "describe_item",
     "divisors",
@@ -91,6 +98,7 @@ __all__ = [
     "lane_key",
     "lane_rng",
     "lanes_of_rank",
+    "ledger_digest",
     "load_state",
     "merge_states",
     "migrate",
