@@ -28,7 +28,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ._scan import BOM, LRU, CompressionError, LineScanner, iter_decompressed, line_number
 from .errors import BadRecord, DataError
 
-__all__ = ["FORMATS", "TEXT_MODES", "DatasetIndex", "ShardMeta", "index_dataset", "resolve_files"]
+__all__ = ["FORMATS", "TEXT_MODES", "DatasetIndex", "ShardMeta", "default_cache_dir", "index_dataset", "resolve_files"]
 
 FORMATS = ("jsonl", "parquet", "text", "arrow")
 TEXT_MODES = ("line", "file")
@@ -114,9 +114,14 @@ def _version_of(info: dict) -> str:
     return ""
 
 
-def _default_cache_dir() -> str:
+def default_cache_dir() -> str:
+    """Where dataset indexes (and a finite recipe's per-lane step counts) are cached when a
+    recipe sets no ``cache_dir``: ``$ZEPHON_CACHE_DIR``, else ``~/.cache/zephon/index``."""
     env = os.environ.get("ZEPHON_CACHE_DIR")
     return env if env else os.path.join(os.path.expanduser("~"), ".cache", "zephon", "index")
+
+
+_default_cache_dir = default_cache_dir
 
 
 def _cache_key(url: str, fmt: str, text_field: str, text_mode: str) -> str:
