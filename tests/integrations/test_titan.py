@@ -645,6 +645,21 @@ def test_trainer_llama3_elastic_resume(recipe_path, tmp_path):
     print("loss diffs vs uninterrupted W=2:", diffs, "grad-norm diffs:", {s: abs(el_gn[s] - ref_gn[s]) for s in diffs})
     assert max(diffs.values()) < 1e-3, diffs
 
+    # the batch ledgers the trainer's loader wrote: the uninterrupted run's equals `zephon hashes
+    # --digest ledger`; the elastic run's two launches (W=1, then W=4) appended to one ledger
+    import io
+
+    from zephon.tools.cli import run_hashes
+    from zephon.tools.ledger import read_ledger
+
+    expected = run_hashes(Recipe.from_toml(recipe_path), steps=6, digest="ledger", out=io.StringIO())
+    ref_led, el_led = read_ledger(str(ref_dump)), read_ledger(str(el_dump))
+    assert [ref_led.digest(b) for b in ref_led.batches()] == expected
+    assert el_led.batches() == [2, 3, 4, 5] and not el_led.conflicts
+    assert [el_led.digest(b) for b in el_led.batches()] == expected[2:]
+    assert sorted({r["world_size"] for r in el_led.runs}) == [1, 4] and len(el_led.runs) == 5
+    assert {r["start_batch"] for r in el_led.runs} == {2, 4}
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
