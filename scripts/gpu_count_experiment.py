@@ -487,7 +487,12 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4, help="keep only the first N transformer layers (0 = all 6)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--threads", type=int, default=0, help="OMP threads per rank (0 = cores / W)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP threads per rank (0 = cores / W; more than 1 slows to a crawl when other work shares the cores)",
+    )
     p.add_argument("--workdir", default=os.path.join(ROOT, "build", "gpu_count"))
     p.add_argument("--json", default=os.path.join(ROOT, "docs", "img", "gpu_count.json"))
     p.add_argument("--png", default=os.path.join(ROOT, "docs", "img", "gpu_count.png"))
