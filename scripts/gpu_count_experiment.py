@@ -484,7 +484,7 @@ def main() -> None:
     p.add_argument("--scale", type=float, default=1.0, help="size of the generated corpus (1.0: 2400 documents)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--global-batch-size", type=int, default=16)
-    p.add_argument("--layers", type=int, default=4, help="keep only the first N transformer layers (0 = all 6)")
+    p.add_argument("--layers", type=int, default=2, help="keep only the first N transformer layers (0 = all 6)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument(
