@@ -407,60 +407,85 @@ def plot(res: dict, png: str) -> None:
     fig, axes = plt.subplots(
         3,
         len(loaders),
-        figsize=(6.6 * len(loaders), 9.6),
+        figsize=(7.2 * len(loaders), 10.2),
         sharex=True,
         squeeze=False,
-        gridspec_kw={"height_ratios": [3, 2.2, 1.5]},
+        gridspec_kw={"height_ratios": [3, 2.2, 1.6]},
     )
-    lo_t = min(min(r["train_loss"]) for l in loaders for r in res["runs"][l].values())
-    hi_t = max(max(r["train_loss"][5:]) for l in loaders for r in res["runs"][l].values())
-    lo_v = min(min(r["val_loss"]) for l in loaders for r in res["runs"][l].values())
-    hi_v = max(max(r["val_loss"][1:]) for l in loaders for r in res["runs"][l].values())
-    titles = {
-        "titan": "TorchTitan's own loader (HuggingFaceTextDataLoader)",
-        "zephon": "zephon",
-    }
+    all_runs = [r for l in loaders for r in res["runs"][l].values()]
+    lo_t = min(min(r["train_loss"]) for r in all_runs)
+    hi_t = max(max(r["train_loss"][10:]) for r in all_runs)
+    lo_v = min(min(r["val_loss"]) for r in all_runs)
+    hi_v = max(max(r["val_loss"][1:]) for r in all_runs)
+    titles = {"titan": "TorchTitan's own loader (HuggingFaceTextDataLoader)", "zephon": "zephon"}
     for col, loader in enumerate(loaders):
         runs = res["runs"][loader]
+        Ws = sorted(runs, key=int)
         ax, axv, axs = axes[0, col], axes[1, col], axes[2, col]
-        for W, r in sorted(runs.items(), key=lambda kv: int(kv[0])):
+        for W in Ws:
+            r = runs[W]
             steps = list(range(1, len(r["train_loss"]) + 1))
             ax.plot(steps, r["train_loss"], lw=1.1, color=colors.get(W), alpha=0.85, label=f"W={W}")
             axv.plot(r["val_steps"], r["val_loss"], marker="o", ms=4, lw=1.3, color=colors.get(W), label=f"W={W}")
         sl = s[loader]
-        axs.semilogy(sl["val_steps"], [max(x, 1e-8) for x in sl["val_spread_by_step"]], "k-o", ms=4, lw=1.2)
+        n = sl["steps"]
+        train_spread = [
+            max(runs[W]["train_loss"][i] for W in Ws) - min(runs[W]["train_loss"][i] for W in Ws) for i in range(n)
+        ]
+        axs.semilogy(range(1, n + 1), [max(x, 1e-8) for x in train_spread], color="0.6", lw=0.9, label="training loss")
+        axs.semilogy(
+            sl["val_steps"],
+            [max(x, 1e-8) for x in sl["val_spread_by_step"]],
+            "k-o",
+            ms=4,
+            lw=1.3,
+            label="validation loss",
+        )
         axs.axhline(1e-3, color="0.4", ls=":", lw=1)
         axs.text(1.0, 1e-3, " 1e-3", fontsize=8, color="0.3", va="center", transform=axs.get_yaxis_transform())
-        axs.set_ylim(1e-8, 1)
-        ax.set_ylim(lo_t - 0.05, hi_t + 0.1)
-        axv.set_ylim(lo_v - 0.03, hi_v + 0.05)
-        Ws = sorted(runs, key=int)
+        axs.set_ylim(1e-8, 3)
+        axs.text(0.01, 0.95, "exact 0 drawn at 1e-8", transform=axs.transAxes, fontsize=7.5, color="0.35", va="top")
+        axs.legend(loc="lower right", fontsize=8, ncol=2)
+        ax.set_ylim(lo_t - 0.05, hi_t + 0.15)
+        axv.set_ylim(lo_v - 0.03, hi_v + 0.06)
+        first = runs[Ws[0]]["val_loss"][0]
+        axv.text(0.01, 0.97, f"step 1: {first:.2f} (off the scale)", transform=axv.transAxes, fontsize=8, va="top")
         same = sl["global_batches_equal_to_W1"]
-        ident = (
-            f"global batches identical to W={Ws[0]} at all {sl['steps']} steps on every W"
-            if all(v == sl["steps"] for v in same.values())
-            else "global batches equal to W=1's: " + ", ".join(f"W={W} {same[W]}/{sl['steps']}" for W in Ws[1:])
-        )
+        if all(v == n for v in same.values()):
+            ident = f"global batches byte-identical to W={Ws[0]}'s at all {n} steps on every W"
+            for a in (ax, axv):
+                a.text(
+                    0.5,
+                    0.5 if a is ax else 0.15,
+                    "the curves of W = " + ", ".join(Ws) + " coincide",
+                    transform=a.transAxes,
+                    ha="center",
+                    fontsize=9,
+                    color="0.3",
+                )
+        else:
+            ident = "global batches equal to W=1's: " + ", ".join(f"W={W} {same[W]}/{n}" for W in Ws[1:])
         ax.set_title(
-            f"{titles[loader]}\nfinal validation loss spread over W: {sl['final_val_spread']:.2e}; {ident}",
+            f"{titles[loader]}\nfinal validation loss spread over W: {sl['final_val_spread']:.2e}\n{ident}",
             fontsize=10,
         )
         ax.set_ylabel("training loss")
         axv.set_ylabel("validation loss\n(one fixed held-out set)")
-        axs.set_ylabel("validation spread\n(max − min over W)")
+        axs.set_ylabel("spread over W\n(max − min)")
         axs.set_xlabel("step")
         for a in (ax, axv, axs):
             a.grid(alpha=0.25)
         ax.legend(loc="upper right", fontsize=8.5, ncol=2)
         axv.legend(loc="upper right", fontsize=8.5, ncol=2)
     fig.suptitle(
-        f"Training from scratch on 1, 2, 4 and 8 data-parallel ranks: TorchTitan llama3 debug model, CPU, fp32, "
-        f"same seed, initial weights and schedule, global batch {setup['global_batch_size']} × {setup['seq_len']} tokens",
+        "Training from scratch on 1, 2, 4 and 8 data-parallel ranks, same seed, initial weights, global batch and "
+        f"schedule\nTorchTitan llama3 debug model ({setup['model'].split('), ')[-1]}), CPU, fp32, "
+        f"{setup['steps']} steps of {setup['global_batch_size']} × {setup['seq_len']} tokens",
         fontsize=11,
     )
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=100)
     plt.close(fig)
 
 

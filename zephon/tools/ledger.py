@@ -484,11 +484,11 @@ def diff(
             continue
         docs_a, docs_b = lane_documents(ra, t, lane), lane_documents(rb, t, lane)
         for side, mine, theirs, recipe in (("A", docs_a, docs_b, ra), ("B", docs_b, docs_a, rb)):
-            only = sorted(mine - theirs)
-            for seg in only:
-                changed.add(recipe.datasets[seg[0]].name)
+            only = _by_document(mine - theirs)
+            for doc in only:
+                changed.add(recipe.datasets[doc[0]].name)
             if only:
-                shown = ", ".join(_document(recipe, seg) for seg in only[:max_documents])
+                shown = ", ".join(_document(recipe, doc, spans) for doc, spans in list(only.items())[:max_documents])
                 more = f" and {len(only) - max_documents} more" if len(only) > max_documents else ""
                 lines.append(f"    only in {side}: {shown}{more}")
     out.datasets = sorted(changed)
@@ -543,13 +543,27 @@ def recipe_differences(a: Recipe, b: Recipe) -> list[str]:
     return out
 
 
-def _document(recipe: Recipe, seg: tuple[int, ...]) -> str:
-    d, shard, record, epoch, t0, t1 = seg
+def _by_document(segments: set[tuple[int, ...]]) -> dict[tuple[int, ...], list[tuple[int, int]]]:
+    """Segments grouped by document ``(dataset, shard, record, epoch)``, their token ranges merged
+    where they touch (a document packed across two rows of a micro-batch is one entry)."""
+    out: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for seg in sorted(segments):
+        spans = out.setdefault(tuple(seg[:4]), [])
+        if spans and spans[-1][1] == seg[4]:
+            spans[-1] = (spans[-1][0], seg[5])
+        else:
+            spans.append((seg[4], seg[5]))
+    return out
+
+
+def _document(recipe: Recipe, doc: tuple[int, ...], spans: Sequence[tuple[int, int]]) -> str:
+    d, shard, record, epoch = doc
     name = recipe.datasets[d].name
+    tokens = ", ".join(f"{a}:{b}" for a, b in spans)
     if shard < 0:
-        return f"{name} (tokens {t0}:{t1})"
+        return f"{name} (tokens {tokens})"
     loc = recipe.indexes[d].locate(shard, record)
-    return f"{name} {os.path.basename(loc['file'])} {loc['locator']} (epoch {epoch}, tokens {t0}:{t1})"
+    return f"{name} {os.path.basename(loc['file'])} {loc['locator']} (epoch {epoch}, tokens {tokens})"
 
 
 def _span(batches: Sequence[int]) -> str:
