@@ -39,7 +39,7 @@ IN_FLIGHT_PER_WORKER = {"tokenize": 16, "vision": 8}
 def _front(p: Prepared, ctx: LaneContext, stage: str, workers: WorkerConfig | None) -> BaseNode:
     """WorkSource -> OrderedMapper(fetch) -> SkipCounter: the part text and image-text lanes share."""
     spec = p.spec
-    wc = spec.workers.for_stage(stage, workers)
+    wc = spec.workers.for_stage(stage, workers, default=ctx.workers)
     if wc.count > 0:
         # with our own workers, the tokenizer's internal thread pool only serialises them
         set_tokenizers_parallelism(False)

@@ -125,8 +125,11 @@ class WorkersSpec:
     vision: WorkerConfig | None = None
     vision_chunk_size: int = 8
 
-    def for_stage(self, stage: str, override: WorkerConfig | None = None) -> WorkerConfig:
-        """The workers of ``stage`` ("tokenize" or "vision"), ``override`` winning over all.
+    def for_stage(
+        self, stage: str, override: WorkerConfig | None = None, default: WorkerConfig | None = None
+    ) -> WorkerConfig:
+        """The workers of ``stage`` ("tokenize" or "vision"): ``override`` wins over all; then the
+        stage's own section; then ``default`` (a lane context's workers), else ``[workers]``.
 
         >>> w = WorkersSpec(WorkerConfig(2), vision=WorkerConfig(4, "process"))
         >>> w.for_stage("vision").count, w.for_stage("tokenize").count, w.for_stage("vision", WorkerConfig(0)).count
@@ -135,10 +138,12 @@ class WorkersSpec:
         if override is not None:
             return override
         if stage == "vision":
-            return self.vision or self.tokenize or self.default
-        if stage == "tokenize":
-            return self.tokenize or self.default
-        raise ValueError(f"unknown stage {stage!r}; expected 'tokenize' or 'vision'")
+            own = self.vision or self.tokenize
+        elif stage == "tokenize":
+            own = self.tokenize
+        else:
+            raise ValueError(f"unknown stage {stage!r}; expected 'tokenize' or 'vision'")
+        return own or default or self.default
 
 
 @dataclass(frozen=True)
