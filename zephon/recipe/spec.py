@@ -145,6 +145,21 @@ class WorkersSpec:
             raise ValueError(f"unknown stage {stage!r}; expected 'tokenize' or 'vision'")
         return own or default or self.default
 
+    def override(self, multimodal: bool, count: int | None = None, backend: str | None = None) -> WorkerConfig | None:
+        """The override a loader's own settings make (``--workers`` / ``--backend``, the TorchTitan
+        loader's ``workers`` / ``backend``): the recipe's workers for its main stage with ``count``
+        and ``backend`` replaced; None when neither is given, so the recipe's own settings apply.
+
+        >>> WorkersSpec(WorkerConfig(4, "process")).override(False, count=0)
+        WorkerConfig(count=0, backend='process', timeout_s=300.0, start_method='forkserver')
+        """
+        if count is None and backend is None:
+            return None
+        base = self.for_stage("vision" if multimodal else "tokenize")
+        return dataclasses.replace(
+            base, count=base.count if count is None else count, backend=base.backend if backend is None else backend
+        )
+
 
 @dataclass(frozen=True)
 class VisionSpec:

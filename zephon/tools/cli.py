@@ -36,17 +36,8 @@ STATE_FILE = "zephon_state.json"
 
 
 def _workers(recipe: Recipe, count: int | None, backend: str | None) -> WorkerConfig | None:
-    """The ``--workers`` / ``--backend`` override: it reaches every pool of the recipe (text and
-    image stages alike); None when neither flag is given, so the recipe's own settings apply."""
-    if count is None and backend is None:
-        return None
-    base = recipe.spec.workers.for_stage("vision" if recipe.multimodal else "tokenize")
-    return WorkerConfig(
-        count=base.count if count is None else count,
-        backend=backend or base.backend,
-        timeout_s=base.timeout_s,
-        start_method=base.start_method,
-    )
+    """``--workers`` / ``--backend``: they reach every pool of the recipe (see ``WorkersSpec.override``)."""
+    return recipe.spec.workers.override(recipe.multimodal, count, backend)
 
 
 def run_hashes(
