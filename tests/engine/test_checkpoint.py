@@ -136,10 +136,23 @@ def test_edited_states_are_refused_naming_entry_and_field(edit, match):
         decode_state(encode_state(st))
 
 
-def test_state_keys_are_one_constant():
-    """The entries besides lanes are STATE_KEYS, in one place: a state with exactly those loads,
-    one more is refused (a new shared entry is added to STATE_KEYS, in one line)."""
+def test_state_keys_are_one_constant(monkeypatch):
+    """The entries besides lanes are STATE_KEYS, in one place: a new shared entry is one more name
+    there. It is then accepted and covered by the shared digest, and a state written before it
+    existed still verifies."""
+    import zephon.engine.checkpoint as ck
+
     assert set(good()) - {"lane_00000", "lane_00001"} == set(STATE_KEYS)
+    with pytest.raises(StateError, match="unknown entry 'end'"):
+        verify_state(seal_state({**good(), "end": {"at": 5}}))
+    monkeypatch.setattr(ck, "STATE_KEYS", (*STATE_KEYS, "end"))
+    raw = {k: (v["state"] if k.startswith("lane_") else v) for k, v in good().items()}
+    st = seal_state({**raw, "end": {"at": 5}})
+    verify_state(st)
+    st["end"]["at"] = 6
+    with pytest.raises(StateError, match="shared entries do not match their digest"):
+        verify_state(st)
+    verify_state(good())
 
 
 def test_shared_entry_size_is_capped_before_parsing():

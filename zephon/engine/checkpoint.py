@@ -51,8 +51,11 @@ __all__ = [
 FORMAT_VERSION = 3
 SHARED_KEY = "zephon"
 #: the entries of a state besides its lane entries (equal on every rank); anything else is refused.
-#: A new shared entry is added here, in one line: the shared digest covers every one of them.
+#: A new shared entry is added here, in one line: the shared digest covers every one of them, and
+#: a state written before it existed still verifies (only the entries below are required).
 STATE_KEYS = ("type", "version", "format_version", "lanes", "seed", "fingerprint", "step", "shared", "digest")
+#: the entries every format-3 state has
+_REQUIRED_KEYS = ("type", "version", "format_version", "lanes", "seed", "fingerprint", "step", "shared", "digest")
 #: the keys of one lane's entry (format 3): its identity, the step it was saved at, the lane
 #: pipeline's state, and the digest binding them to the run
 LANE_ENTRY_KEYS = ("lane", "step", "state", "digest")
@@ -226,7 +229,7 @@ def verify_state(state: Mapping[str, Any]) -> None:
                 f"checkpoint has an unknown entry {k!r}; a zephon state holds {', '.join(STATE_KEYS)} and "
                 "lane_NNNNN entries. It was edited, or written by something else"
             )
-    missing = [k for k in STATE_KEYS if k not in state]
+    missing = [k for k in _REQUIRED_KEYS if k not in state]
     if missing:
         raise StateError(f"checkpoint has no {missing[0]!r} entry; it is truncated or not a zephon checkpoint")
     lanes = _meta_int(state, "lanes", 1)

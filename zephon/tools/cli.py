@@ -220,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"zephon {args.cmd}: interrupted; workers stopped", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of our output went away (`zephon hashes ... | head`): quietly
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
     except (RecipeError, StateError, DataError, PipelineError, ValueError, OSError) as e:
         if debug:
             traceback.print_exc()
