@@ -6,6 +6,7 @@ Each command is also a function here, so a notebook or a test can call it withou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -221,10 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zephon {args.cmd}: interrupted; workers stopped", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of our output went away (`zephon hashes ... | head`): quietly
-        try:
+        with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
         return 141
     except (RecipeError, StateError, DataError, PipelineError, ValueError, OSError) as e:
         if debug:
