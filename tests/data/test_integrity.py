@@ -30,7 +30,8 @@ def tar_bytes(tmp_path_factory):
 def index_tar(tmp_path, data, on_error="raise", name="shard.tar"):
     p = tmp_path / name
     p.write_bytes(data)
-    return index_multimodal("pairs", str(p), format="wds", cache_dir=str(tmp_path / "cache"), on_error=on_error)
+    kw = {} if on_error == "raise" else {"on_error": on_error}  # "raise" is the default
+    return index_multimodal("pairs", str(p), format="wds", cache_dir=str(tmp_path / "cache"), **kw)
 
 
 def test_intact_tar_has_no_damage(tmp_path, tar_bytes):

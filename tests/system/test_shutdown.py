@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -73,6 +74,8 @@ def start(recipe_path):
     )
     for _ in range(3):  # running, workers started
         assert p.stdout.readline().startswith("step "), p.stderr.read()
+    # drain its output, so that it never blocks on a full pipe
+    threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
     tree = descendants(p.pid)
     assert len(tree) >= 3, "expected a fork server and two workers"
     return p, tree, shm_files(tree | {p.pid})
@@ -81,23 +84,30 @@ def start(recipe_path):
 @pytest.mark.parametrize("how", ["sigterm", "sigkill", "ctrl_c"])
 def test_nothing_is_left_behind(recipe_path, how):
     p, tree, shm = start(recipe_path)
-    t0 = time.monotonic()
-    if how == "ctrl_c":
-        os.killpg(p.pid, signal.SIGINT)
-    else:
-        p.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+    left: list[int] = []
+    err, took = "", 0.0
     try:
-        _, err = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    took = time.monotonic() - t0
-    deadline = time.monotonic() + 20
-    while any(alive(c) for c in tree) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = [c for c in tree if alive(c)]
-    for c in left:  # leave nothing behind even when the test fails
-        os.kill(c, signal.SIGKILL)
+        t0 = time.monotonic()
+        if how == "ctrl_c":
+            os.killpg(p.pid, signal.SIGINT)
+        else:
+            p.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+        p.wait(timeout=30)
+        took = time.monotonic() - t0
+        deadline = time.monotonic() + 20
+        while any(alive(c) for c in tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [c for c in tree if alive(c)]
+    finally:  # leave nothing behind, even when the test fails (orphans hold our pipes open)
+        for c in [*tree, p.pid]:
+            if alive(c):
+                os.kill(c, signal.SIGKILL)
+        p.wait(timeout=30)
+        if left:
+            for f in shm:  # their resource tracker is gone too: nobody else removes these
+                if os.path.exists(f):
+                    os.unlink(f)
+    err = p.stderr.read()
     assert not left, f"{len(left)} of {len(tree)} processes outlived the run ({how})"
     assert not [f for f in shm if os.path.exists(f)], "shared-memory files left behind"
     if how != "sigkill":
