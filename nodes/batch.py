@@ -53,6 +53,11 @@ class Batch(Accumulator):
         yield f"batch_size={self.batch_size}"
         yield f"drop_last={self.drop_last}"
 
+    def max_since(self) -> int:
+        """Each flush interval emits one micro-batch, and the state moves to the next anchor as
+        soon as it is delivered: ``since`` is always 0."""
+        return 0
+
     def clear(self) -> None:
         self._rows = []
 
