@@ -57,6 +57,11 @@ class Batch(Accumulator):
         yield f"batch_size={self.batch_size}"
         yield f"drop_last={self.drop_last}" if self.fill is None else "fill"
 
+    def max_since(self) -> int:
+        """Each flush interval emits one micro-batch, and the state moves to the next anchor as
+        soon as it is delivered: ``since`` is always 0."""
+        return 0
+
     def clear(self) -> None:
         self._rows = []
 

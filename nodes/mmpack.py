@@ -127,6 +127,7 @@ class MMPack(PackingMetrics, Accumulator):
         pad_id: int = 0,
         ignore_ids: Sequence[int] = (),
         mrope: bool = True,
+        max_doc_tokens: int | None = None,
     ) -> None:
         super().__init__(source, flush_every=flush_every)
         if not isinstance(seq_len, int) or seq_len < 2:
@@ -139,6 +140,7 @@ class MMPack(PackingMetrics, Accumulator):
         self.row_len = seq_len + 1
         self.max_images_per_batch, self.max_images_per_row = max_images_per_batch, max_images_per_row
         self.pad_id, self.mrope = pad_id, mrope
+        self.max_doc_tokens = max_doc_tokens  # bounds a restored 'since' (None: unknown)
         self.ignore_ids = np.asarray(sorted({int(i) for i in ignore_ids}), dtype=np.int64)
         self.clear()
         # observability (not part of the data)
@@ -157,6 +159,16 @@ class MMPack(PackingMetrics, Accumulator):
         return {**super().extra_metrics(), "images": self.images_out}
 
     # -- accumulator hooks ------------------------------------------------------------------
+    def max_since(self) -> int | None:
+        """Micro-batches one flush interval can emit: each of its documents is placed as at most
+        ``ceil(max_doc_tokens / row_len)`` pieces, each of which may close two micro-batches (the one it
+        does not fit, and the one it fills), and the flush closes one more (None without
+        ``max_doc_tokens``)."""
+        if self.max_doc_tokens is None or self.flush_every is None:
+            return None
+        pieces = -(-max(self.max_doc_tokens, 1) // self.row_len)
+        return self.flush_every * (2 * pieces + 1) + 1
+
     def clear(self) -> None:
         self._segs: list[list[Any]] = [[] for _ in range(self.rows)]
         self._used = [0] * self.rows

@@ -78,6 +78,7 @@ class Pack(PackingMetrics, Accumulator):
         flush_every: int = 512,
         pad_id: int = 0,
         max_open: int = 8,
+        max_doc_tokens: int | None = None,
     ) -> None:
         super().__init__(source, flush_every=flush_every)
         if algorithm not in ALGORITHMS:
@@ -88,6 +89,8 @@ class Pack(PackingMetrics, Accumulator):
             raise ValueError(f"pack.max_open must be >= 1, got {max_open}")
         self.seq_len, self.algorithm, self.pad_id, self.max_open = seq_len, algorithm, pad_id, max_open
         self.row_len = seq_len + 1
+        # the most tokens one document can have (None: unknown): bounds a restored 'since'
+        self.max_doc_tokens = max_doc_tokens
         self._arange = np.arange(self.row_len, dtype=np.int64)
         self._bins: list[list[Segment]] = []
         self._used: list[int] = []
@@ -102,6 +105,15 @@ class Pack(PackingMetrics, Accumulator):
         yield f"flush_every={self.flush_every}"
 
     # -- accumulator hooks ------------------------------------------------------------------
+    def max_since(self) -> int | None:
+        """Rows one flush interval can emit: each of its ``flush_every`` documents is cut into at
+        most ``ceil(max_doc_tokens / row_len)`` pieces and each placement closes at most two
+        rows; the flush closes at most ``max_open`` more (None without ``max_doc_tokens``)."""
+        if self.max_doc_tokens is None or self.flush_every is None:
+            return None
+        pieces = -(-self.max_doc_tokens // self.row_len)
+        return self.flush_every * (2 * pieces + 2) + self.max_open
+
     def clear(self) -> None:
         self._bins, self._used = [], []
 

@@ -23,6 +23,7 @@ from zephon.engine import (
     count_lane_steps,
     decode_state,
     encode_state,
+    lane_state,
     ledger_digest,
     merge_states,
 )
@@ -124,7 +125,7 @@ def test_drop_mode_never_pulls_a_lane_past_the_shortest(counts):
         g.close()
     longest = int(np.argmax(counts))
     lane = uneven(LaneContext(seed=3, lane=longest, lanes=LANES))
-    lane.reset(st[f"lane_{longest:05d}"])
+    lane.reset(lane_state(st, longest))
     assert len(list(lane)) == counts[longest] - min(counts)
     lane.close()
 

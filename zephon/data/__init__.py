@@ -6,6 +6,7 @@ layer answers "how many records, how big is each, give me records i, j, k of sha
 """
 
 from .datasets import (
+    DEFAULT_MAX_RECORD_BYTES,
     FORMATS,
     KINDS,
     MM_FORMATS,
@@ -25,6 +26,7 @@ from .tokenizer import BUNDLED_TOKENIZER, TextTokenizer, set_tokenizers_parallel
 
 __all__ = [
     "BUNDLED_TOKENIZER",
+    "DEFAULT_MAX_RECORD_BYTES",
     "FORMATS",
     "KINDS",
     "MM_FORMATS",

@@ -26,16 +26,21 @@ A synthetic pipeline of 8 lanes, checkpointed on 4 ranks and resumed on 2:
 from .accumulator import Accumulator
 from .checkpoint import (
     FORMAT_VERSION,
+    LANE_ENTRY_KEYS,
     SHARED_KEY,
+    STATE_KEYS,
     check_version,
     decode_state,
     encode_state,
     is_lane_key,
     lane_key,
+    lane_state,
     load_state,
     merge_states,
     migrate,
     save_state,
+    seal_state,
+    verify_state,
 )
 from .lanes import (
     END_MODES,
@@ -53,8 +58,23 @@ from .lanes import (
     ledger_digest,
     valid_world_sizes,
 )
-from .mapper import OrderedMapper, WorkerError, describe_item
-from .node import ANCHOR, EXTRA, SINCE, UPSTREAM, PipelineError, StateError, ZNode, close_node, upstream_nodes
+from .mapper import MAX_CHUNK_SIZE, OrderedMapper, WorkerError, describe_item
+from .node import (
+    ANCHOR,
+    EXTRA,
+    MAX_STATE_INT,
+    SINCE,
+    UPSTREAM,
+    PipelineError,
+    StateError,
+    ZNode,
+    check_state_keys,
+    close_node,
+    state_int,
+    state_ints,
+    state_node,
+    upstream_nodes,
+)
 from .permute import IndexPermutation
 from .seeding import lane_rng, seed_sequence, stable_u64
 from .workers import BACKENDS, PoolSet, ProcessLocal, WorkerConfig, WorkerPool
@@ -65,8 +85,12 @@ __all__ = [
     "END_MODES",
     "EXTRA",
     "FORMAT_VERSION",
+    "LANE_ENTRY_KEYS",
+    "MAX_CHUNK_SIZE",
+    "MAX_STATE_INT",
     "SHARED_KEY",
     "SINCE",
+    "STATE_KEYS",
     "UPSTREAM",
     "Accumulator",
     "GlobalLoader",
@@ -85,6 +109,7 @@ __all__ = [
     "WorkerPool",
     "ZNode",
     "batch_sha256",
+    "check_state_keys",
     "check_version",
     "check_world_size",
     "close_node",
@@ -97,14 +122,20 @@ __all__ = [
     "is_lane_key",
     "lane_key",
     "lane_rng",
+    "lane_state",
     "lanes_of_rank",
     "ledger_digest",
     "load_state",
     "merge_states",
     "migrate",
     "save_state",
+    "seal_state",
     "seed_sequence",
     "stable_u64",
+    "state_int",
+    "state_ints",
+    "state_node",
     "upstream_nodes",
     "valid_world_sizes",
+    "verify_state",
 ]

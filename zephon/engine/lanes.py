@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from .checkpoint import FORMAT_VERSION, lane_key, merge_states, migrate
+from .checkpoint import FORMAT_VERSION, lane_key, lane_state, merge_states, migrate, seal_state, verify_state
 from .node import PipelineError, StateError, ZNode, close_node, upstream_nodes
 from .seeding import lane_rng
 from .workers import PoolSet, WorkerConfig, WorkerPool
@@ -387,6 +387,8 @@ class LaneSet:
 
     #: checkpoint format version -> the function moving one lane's state to the next version
     lane_migrations: Mapping[int, LaneMigration] = {}
+    #: the entries of ``shared`` this base class writes and adopts (a subclass adds its own)
+    shared_keys: tuple[str, ...] = ("end",)
 
     def __init__(self, build: LaneBuilder, *, end: str | None = None, pad: Callable[[int], Any] | None = None) -> None:
         if end is not None and end not in END_MODES:
@@ -582,7 +584,8 @@ class Router(ZNode[Any]):
 
     def check_run(self, state: Mapping[str, Any]) -> None:
         """Refuse a state written by another run configuration, naming what changed (pure: it
-        changes nothing)."""
+        changes nothing). The state's own consistency (digests, lane identities, no unknown
+        entries) is :func:`zephon.engine.verify_state`'s."""
         fv = state.get("format_version")
         if fv != FORMAT_VERSION:
             raise StateError(
@@ -629,25 +632,26 @@ class Router(ZNode[Any]):
                 n.reset(None)
             self.step = self._produced = 0
             return
+        # everything that can be checked without touching a node is checked first: the format
+        # (older ones migrated and sealed), every entry's digest and identity, the run's settings
         initial_state = migrate(initial_state, self.lane_set.lane_migrations)
+        verify_state(initial_state)
         self.check_run(initial_state)
         # the derived values the checkpoint was made with (data and tokenizer checked, naming
         # what changed); a lane set built from other values replaces ours before any lane resets
         lane_set = self.lane_set.adopt(initial_state["shared"])
         self._check_fingerprint(initial_state)
-        if lane_set is not self.lane_set:
-            self._close_lanes()
-            self.lane_set = lane_set
-        nodes = self.lane_nodes
         missing = [lane_key(l) for l in self.owned if lane_key(l) not in initial_state]
         if missing:
             raise StateError(
                 f"rank {self.rank}/{self.world_size} needs {len(missing)} lane entries that the checkpoint lacks "
                 f"(first: {missing[0]}); merge the states of all ranks that wrote it (zephon.merge_states)"
             )
-        step = initial_state.get("step")
-        if not isinstance(step, int) or step < 0:
-            raise StateError(f"checkpoint 'step' must be a non-negative integer, got {step!r}")
+        if lane_set is not self.lane_set:
+            self._close_lanes()
+            self.lane_set = lane_set
+        nodes = self.lane_nodes
+        step = initial_state["step"]
         pairs = list(zip(self.owned, nodes))
         if len(pairs) >= 8 and sys.stderr.isatty():
             # a restore replays up to one flush interval per lane: show it when it can take a while
@@ -663,7 +667,10 @@ class Router(ZNode[Any]):
                 "the checkpoint does not belong to this data"
             )
         for l, n in pairs:
-            n.reset(initial_state[lane_key(l)])
+            try:
+                n.reset(lane_state(initial_state, l))
+            except StateError as e:
+                raise StateError(f"checkpoint entry {lane_key(l)}: {e}") from None
         self.step = self._produced = step
 
     def _compute(self) -> tuple[Any, list[str] | None]:
@@ -808,11 +815,13 @@ class Router(ZNode[Any]):
         return out
 
     def get_state(self) -> dict[str, Any]:
+        # sealed here, not per computed step: a digest per lane costs a canonical JSON dump
         if self.prefetch and self._delivered is not None:
-            return copy.deepcopy(self._delivered)
-        return self._snapshot()
+            return seal_state(copy.deepcopy(self._delivered))
+        return seal_state(self._snapshot())
 
     def _snapshot(self) -> dict[str, Any]:
+        """The state after the last computed step, lane entries unsealed (their pipelines' states)."""
         state: dict[str, Any] = self._tagged(
             {
                 "format_version": FORMAT_VERSION,

@@ -85,7 +85,6 @@ two runs, or a run and a recipe (see :mod:`zephon.tools.ledger`). A resumed run 
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import logging
 import math
@@ -318,14 +317,7 @@ class ZephonDataLoader(BaseDataLoader):
         def worker_override(self, recipe: Recipe) -> WorkerConfig | None:
             """The workers every pool of the recipe uses when ``workers`` / ``backend`` are set
             (they win over ``[workers]``, ``[tokenize]`` and ``[vision]``); None keeps the recipe's."""
-            if self.workers is None and self.backend is None:
-                return None
-            base = recipe.spec.workers.for_stage("vision" if recipe.multimodal else "tokenize")
-            return dataclasses.replace(
-                base,
-                count=base.count if self.workers is None else self.workers,
-                backend=self.backend or base.backend,
-            )
+            return recipe.spec.workers.override(recipe.multimodal, self.workers, self.backend)
 
     def __init__(
         self,

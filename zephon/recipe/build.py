@@ -45,7 +45,7 @@ from .migrations import LANE_MIGRATIONS
 from .prepare import Prepared, cached_lane_steps
 from .spec import RecipeSpec
 
-__all__ = ["RecipeLanes", "build_lane", "pad_item", "prefetch_depth"]
+__all__ = ["RecipeLanes", "build_lane", "max_doc_tokens", "pad_item", "prefetch_depth"]
 
 #: chunks a rank's lanes may hold in flight per worker: text chunks are tens of KB of token ids,
 #: image chunks tens of MB of patches
@@ -55,7 +55,7 @@ IN_FLIGHT_PER_WORKER = {"tokenize": 16, "vision": 8}
 def _front(p: Prepared, ctx: LaneContext, stage: str, workers: WorkerConfig | None) -> BaseNode:
     """WorkSource -> OrderedMapper(fetch) -> SkipCounter: the part text and image-text lanes share."""
     spec = p.spec
-    wc = spec.workers.for_stage(stage, workers)
+    wc = spec.workers.for_stage(stage, workers, default=ctx.workers)
     if wc.count > 0:
         # with our own workers, the tokenizer's internal thread pool only serialises them
         set_tokenizers_parallelism(False)
@@ -75,10 +75,24 @@ def _front(p: Prepared, ctx: LaneContext, stage: str, workers: WorkerConfig | No
         node,
         dataset_names=[s.name for s in spec.datasets],
         lanes=spec.lanes,
+        lane=ctx.lane,
         max_skipped=[s.max_skipped for s in spec.datasets],
         max_fraction=[s.max_skipped_fraction for s in spec.datasets],
         shard_names=[[sh.path for sh in ix.shards] for ix in p.indexes],
+        records=[ix.num_records for ix in p.indexes],
     )
+
+
+#: tokens per byte of text no tokenizer reaches (byte-level BPE: at most 1; normalizers that
+#: expand characters and byte fallback stay far below): bounds a document's tokens by its size
+TOKENS_PER_BYTE_BOUND = 16
+
+
+def max_doc_tokens(spec: RecipeSpec) -> int:
+    """An upper bound of the tokens one document (or sample) of the recipe can have, from the
+    per-record size limits: bounds a packer's restored ``since`` before anything is replayed."""
+    most = max(s.max_record_bytes for s in spec.datasets)
+    return max(TOKENS_PER_BYTE_BOUND * most + 2, spec.seq_len + 1)
 
 
 def _shuffle(spec: RecipeSpec, node: BaseNode, lane: int, buffer: int) -> BaseNode:
@@ -105,6 +119,7 @@ def build_lane(p: Prepared, ctx: LaneContext, workers: WorkerConfig | None = Non
             pad_id=p.pad_id,
             ignore_ids=list(p.special.values()),
             mrope=v.mrope,
+            max_doc_tokens=max_doc_tokens(spec),
         )
         return _shuffle(spec, node, ctx.lane, -(-spec.shuffle.buffer // spec.rows_per_lane))  # in micro-batches
     node = Pack(
@@ -114,6 +129,7 @@ def build_lane(p: Prepared, ctx: LaneContext, workers: WorkerConfig | None = Non
         flush_every=spec.pack.flush_every,
         pad_id=p.pad_id,
         max_open=spec.pack.max_open,
+        max_doc_tokens=max_doc_tokens(spec),
     )
     fill = pad_row(spec.seq_len, p.pad_id) if spec.end == "pad" else None
     return Batch(_shuffle(spec, node, ctx.lane, spec.shuffle.buffer), batch_size=spec.rows_per_lane, fill=fill)
@@ -169,7 +185,7 @@ class RecipeLanes(LaneSet):
 
     def adopt(self, shared: Mapping[str, Any]) -> LaneSet:
         """These lanes, or lanes planned with the checkpoint's token estimates (and its counts)."""
-        p = self.prepared.adopt(shared)
+        p = self.prepared.adopt({k: v for k, v in shared.items() if k not in LaneSet.shared_keys})
         lanes = self if p is self.prepared else RecipeLanes(p, self.workers)
         return lanes.adopt_end(shared)
 

@@ -56,7 +56,7 @@ import numpy as np
 
 from zephon.data import MMRecord, image_header_size
 from zephon.engine import LaneContext, lanes_of_rank, valid_world_sizes
-from zephon.nodes import Provenance, VisionConfig, sample_layout
+from zephon.nodes import IGNORE_INDEX, Provenance, VisionConfig, sample_layout
 
 __all__ = [
     "MM_BATCH_FIELDS",
@@ -140,13 +140,12 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
     out = []
     for j, entry in enumerate(prov):
         e = Provenance(*(int(v) for v in entry))
-        d, shard, record, epoch, t0, t1 = e.dataset, e.shard, e.record, e.epoch, e.tok_start, e.tok_end
-        rowpos = (int(segs[j][0]), int(segs[j][0]) + t1 - t0) if j < len(segs) else None
-        kind = recipe.datasets[d].kind
+        rowpos = (int(segs[j][0]), int(segs[j][0]) + e.tok_end - e.tok_start) if j < len(segs) else None
+        kind = recipe.datasets[e.dataset].kind
         if kind == "text":
-            out.append(_text_provenance(recipe, p, d, shard, record, epoch, t0, t1, rowpos))
+            out.append(_text_provenance(recipe, p, e, rowpos))
         else:
-            out.append(_mm_provenance(recipe, p, kind, d, shard, record, epoch, t0, t1, rowpos, blocks))
+            out.append(_mm_provenance(recipe, p, kind, e, rowpos, blocks))
     return out
 
 
@@ -161,17 +160,8 @@ def _covered(tok: Any, text: str, k0: int, k1: int) -> tuple[tuple[int, int], tu
     return chars, (b0, b0 + len(text[chars[0] : chars[1]].encode("utf-8")))
 
 
-def _text_provenance(
-    recipe: Any,
-    p: Any,
-    d: int,
-    shard: int,
-    record: int,
-    epoch: int,
-    t0: int,
-    t1: int,
-    rowpos: tuple[int, int] | None,
-) -> dict[str, Any]:
+def _text_provenance(recipe: Any, p: Any, e: Provenance, rowpos: tuple[int, int] | None) -> dict[str, Any]:
+    d, shard, record, epoch, t0, t1 = e
     tok = p.tokenizer
     ix = p.indexes[d]
     text = ix.read(shard, [record])[0]
@@ -204,20 +194,11 @@ def _text_provenance(
 
 
 def _mm_provenance(
-    recipe: Any,
-    p: Any,
-    kind: str,
-    d: int,
-    shard: int,
-    record: int,
-    epoch: int,
-    t0: int,
-    t1: int,
-    rowpos: tuple[int, int] | None,
-    blocks: Sequence[dict[str, Any]],
+    recipe: Any, p: Any, kind: str, e: Provenance, rowpos: tuple[int, int] | None, blocks: Sequence[dict[str, Any]]
 ) -> dict[str, Any]:
     """An image-text sample's provenance: the sample's layout (BOS, text, vision blocks, EOS, as
     :class:`zephon.nodes.FetchVision` builds it) re-derived from the re-read record."""
+    d, shard, record, epoch, t0, t1 = e
     tok = p.tokenizer
     ix = p.indexes[d]
     rec = ix.read(shard, [record])[0]
@@ -560,7 +541,7 @@ class BatchView:
             k = None if b["index"] is None else b["index"] - first
             b["patches"] = tuple(int(v) for v in spans[k]) if k is not None else None
             lo, hi = b["start"], b["stop"]
-            b["masked"] = int((self.batch["labels"][i][lo:hi] == -100).sum())
+            b["masked"] = int((self.batch["labels"][i][lo:hi] == IGNORE_INDEX).sum())
         return blocks
 
     def image(self, n: int) -> np.ndarray:
@@ -601,7 +582,7 @@ class BatchView:
                 "dataset": self.names[ds] if 0 <= ds < len(self.names) else str(ds),
                 "dataset_index": ds,
                 "tokens": len(pos),
-                "masked": int((r["labels"][pos] == -100).sum()),
+                "masked": int((r["labels"][pos] == IGNORE_INDEX).sum()),
             }
             lo, hi = int(pos[0]), int(pos[-1]) + 1
             if self.multimodal and hi - lo == len(pos):

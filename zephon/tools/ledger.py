@@ -34,6 +34,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -543,7 +544,7 @@ def recipe_differences(a: Recipe, b: Recipe) -> list[str]:
     return out
 
 
-def _by_document(segments: set[tuple[int, ...]]) -> dict[tuple[int, ...], list[tuple[int, int]]]:
+def _by_document(segments: AbstractSet[tuple[int, ...]]) -> dict[tuple[int, ...], list[tuple[int, int]]]:
     """Segments grouped by document ``(dataset, shard, record, epoch)``, their token ranges merged
     where they touch (a document packed across two rows of a micro-batch is one entry)."""
     out: dict[tuple[int, ...], list[tuple[int, int]]] = {}
