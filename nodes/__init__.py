@@ -15,12 +15,12 @@ Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 """
 
 from .batch import Batch
-from .mmpack import MMPack
-from .pack import ALGORITHMS, Pack
+from .mmpack import MMPack, mm_pad_batch
+from .pack import ALGORITHMS, Pack, pad_row, pad_rows
 from .policy import ON_ERROR, skip_hint
 from .rows import IGNORE_INDEX, Provenance
 from .shuffle import WindowShuffle
-from .skips import SkipCounter
+from .skips import MAX_DETAIL_ROWS, SkipCounter, lane_share, reason_class
 from .tokenize import FetchTokenize, TokDoc
 from .vision import FetchVision, LayoutSpan, MMDoc, VisionConfig, sample_layout
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
@@ -28,6 +28,7 @@ from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, W
 __all__ = [
     "ALGORITHMS",
     "IGNORE_INDEX",
+    "MAX_DETAIL_ROWS",
     "ON_ERROR",
     "POLICIES",
     "Batch",
@@ -47,6 +48,11 @@ __all__ = [
     "WindowShuffle",
     "WorkItem",
     "WorkPlan",
+    "lane_share",
+    "mm_pad_batch",
+    "pad_row",
+    "pad_rows",
+    "reason_class",
     "sample_layout",
     "skip_hint",
 ]

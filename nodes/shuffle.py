@@ -6,7 +6,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon.engine import Accumulator, lane_rng
+from zephon.engine import Accumulator, check_state_keys, lane_rng, state_int
 
 __all__ = ["WindowShuffle"]
 
@@ -60,7 +60,13 @@ class WindowShuffle(Accumulator):
         return {"window": self._window}
 
     def load_extra_state(self, extra: dict[str, Any]) -> None:
-        self._window = int(extra["window"])
+        check_state_keys(self, extra, ["window"], tagged=False)
+        self._window = state_int(self, "extra.window", extra["window"])
+
+    def max_since(self) -> int:
+        """A window delivers at most ``buffer`` items, and once all are delivered the state moves
+        to the next anchor: ``since`` is below ``buffer``."""
+        return self.buffer - 1
 
     def accept(self, item: Any) -> None:
         self._items.append(item)

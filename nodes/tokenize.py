@@ -43,25 +43,28 @@ class TokDoc(NamedTuple):
 
 
 class _DocCache:
-    """Tokens of recent multi-part documents, shared by the worker threads of a process.
+    """Recent multi-part documents (their tokens, or the :class:`BadRecord` they read as),
+    shared by the worker threads of a process.
 
     The parts of a long document come close together in a lane's stream, often in one chunk or
     in chunks mapped at the same time on different threads. Without coordination each part
-    would tokenize the whole document again (measured: 14% of all tokenizer work on the
-    benchmark corpus). :meth:`claim` makes one caller tokenize a document while the others wait
-    for its tokens; the cache keeps the last ``size`` documents.
+    would read, parse and tokenize the whole document again (measured: 14% of all tokenizer
+    work on the benchmark corpus; a 20 MB record planned as 5,000 parts was read 5,000 times).
+    :meth:`claim` makes one caller read and tokenize a document while the others wait for the
+    result; the cache keeps the last ``size`` documents, and at most ``max_bytes`` of tokens
+    (always the newest one).
     """
 
-    def __init__(self, size: int) -> None:
-        self.size, self._lock = size, threading.Lock()
+    def __init__(self, size: int, max_bytes: int = 512 << 20) -> None:
+        self.size, self.max_bytes, self._lock = size, max_bytes, threading.Lock()
         self._d: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-        self._pending: dict[Any, Any] = {}  # key -> threading.Event while a caller tokenizes it
+        self._bytes = 0
+        self._pending: dict[Any, threading.Event] = {}  # key -> Event while a caller reads it
 
     def claim(self, key: Any) -> Any:
-        """The cached tokens (an array), an Event to wait on (another caller is tokenizing the
-        document), or None: the caller now owns the key and must :meth:`put` or :meth:`release` it."""
-        import threading
-
+        """The cached value (tokens or a BadRecord), an Event to wait on (another caller is
+        reading the document), or None: the caller now owns the key and must :meth:`put` or
+        :meth:`release` it."""
         with self._lock:
             v = self._d.get(key)
             if v is not None:
@@ -73,22 +76,26 @@ class _DocCache:
             self._pending[key] = threading.Event()
             return None
 
-    def get(self, key: Any) -> np.ndarray | None:
+    def get(self, key: Any) -> Any:
         with self._lock:
             return self._d.get(key)
 
-    def put(self, key: Any, value: np.ndarray) -> None:
+    def put(self, key: Any, value: Any) -> None:
         with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self._bytes -= getattr(old, "nbytes", 0)
             self._d[key] = value
-            self._d.move_to_end(key)
-            while len(self._d) > self.size:
-                self._d.popitem(last=False)
+            self._bytes += getattr(value, "nbytes", 0)
+            while len(self._d) > 1 and (len(self._d) > self.size or self._bytes > self.max_bytes):
+                _, gone = self._d.popitem(last=False)
+                self._bytes -= getattr(gone, "nbytes", 0)
             ev = self._pending.pop(key, None)
         if ev is not None:
             ev.set()
 
     def release(self, key: Any) -> None:
-        """Give up a claim without a value (the owner failed); waiters then tokenize it themselves."""
+        """Give up a claim without a value (the owner failed); waiters then read it themselves."""
         with self._lock:
             ev = self._pending.pop(key, None)
         if ev is not None:
@@ -121,7 +128,8 @@ class FetchTokenize(ProcessLocal):
     _transient = ("_parts_cache",)
 
     def fetch(self, items: Sequence[WorkItem]) -> list[Any]:
-        """Texts (or BadRecord) of ``items``, in order; one read per (dataset, shard) group."""
+        """Texts (or BadRecord) of ``items``, in order; one read per (dataset, shard) group (a
+        record above its dataset's size limit is a BadRecord, and is not read)."""
         out: list[Any] = [None] * len(items)
         order = sorted(range(len(items)), key=lambda i: (items[i].dataset, items[i].shard))
         for (d, s), group in itertools.groupby(order, key=lambda i: (items[i].dataset, items[i].shard)):
@@ -132,47 +140,47 @@ class FetchTokenize(ProcessLocal):
         return out
 
     def __call__(self, items: list[WorkItem]) -> list[TokDoc]:
-        texts = self.fetch(items)  # (a part's whole text is read; tokens are sliced below)
-        good = [i for i, t in enumerate(texts) if not isinstance(t, BadRecord)]
-        out: list[TokDoc | None] = [None] * len(items)
+        docs = self._documents(items)
+        out: list[TokDoc] = []
         empty = np.zeros(0, dtype=np.int32)
-        for i, t in enumerate(texts):
-            if isinstance(t, BadRecord):
-                if self.on_error[items[i].dataset] == "raise":
-                    raise t.to_error(skip_hint(self.datasets[items[i].dataset].name))
-                out[i] = TokDoc(empty, items[i].dataset, items[i], f"{t.locator}: {t.reason}")
+        for it, doc in zip(items, docs):
+            if isinstance(doc, BadRecord):
+                if self.on_error[it.dataset] == "raise":
+                    raise doc.to_error(skip_hint(self.datasets[it.dataset].name))
+                out.append(TokDoc(empty, it.dataset, it, f"{doc.locator}: {doc.reason}"))
+                continue
+            toks, offset = doc, 0
+            if it.parts > 1:  # one planned slice of a long document
+                offset = self.cut(len(toks), it.part, it.parts)
+                toks = toks[offset : self.cut(len(toks), it.part + 1, it.parts)]
+            out.append(TokDoc(toks, it.dataset, it, None, offset))
+        return out
+
+    def _read_encode(self, items: Sequence[WorkItem]) -> list[Any]:
+        """Each item's whole document: its tokens (one batched tokenizer call), or its BadRecord."""
+        texts = self.fetch(items)
+        good = [i for i, t in enumerate(texts) if not isinstance(t, BadRecord)]
+        out: list[Any] = list(texts)
         if good:
-            encoded = self._encode([items[i] for i in good], [texts[i] for i in good])
-            for i, toks in zip(good, encoded):
-                it = items[i]
-                offset = 0
-                if it.parts > 1:  # one planned slice of a long document
-                    offset = self.cut(len(toks), it.part, it.parts)
-                    toks = toks[offset : self.cut(len(toks), it.part + 1, it.parts)]
-                out[i] = TokDoc(toks, it.dataset, it, None, offset)
-        return out  # type: ignore[return-value]
+            for i, toks in zip(good, self.tokenizer.encode_batch([texts[i] for i in good])):
+                out[i] = toks
+        return out
 
-    def cut(self, n: int, i: int, k: int) -> int:
-        """Where part i of k of an n-token document starts. Cuts fall on multiples of ``align``
-        (the row length for packers that never split), so a document that fits a row is never
-        cut, whatever the byte-based estimate said; parts may then be empty."""
-        a = self.align
-        return min(n, -(-(i * n // k) // a) * a) if a > 1 else i * n // k
-
-    def _encode(self, items: Sequence[WorkItem], texts: list[str]) -> list[np.ndarray]:
-        """Encode in one batch; each multi-part document is tokenized once per process while its
-        parts are near (within a chunk, across concurrent chunks, and from the cache)."""
+    def _documents(self, items: Sequence[WorkItem]) -> list[Any]:
+        """Tokens (or BadRecord) of each item's whole document. A multi-part document is read and
+        tokenized once per process while its parts are near (within a chunk, across concurrent
+        chunks, and from the cache), a bad one is read once too."""
         cache = self.__dict__.get("_parts_cache")
         if cache is None:
             cache = self.__dict__.setdefault("_parts_cache", _DocCache(64))
-        out: list[np.ndarray | None] = [None] * len(items)
-        todo: list[int] = []  # indices to tokenize here
-        owned: dict[Any, int] = {}  # key -> index in todo's first occurrence (claimed by us)
-        same: list[tuple[int, Any]] = []  # (index, key) filled from a document tokenized in this call
-        waits: list[tuple[int, Any, Any]] = []  # (index, key, event) tokenized by another caller
+        out: list[Any] = [None] * len(items)
+        here: list[int] = []  # items whose record is read here
+        owned: dict[Any, int] = {}  # key -> the item that reads it (claimed by us)
+        same: list[tuple[int, Any]] = []  # (item, key) of a document read in this call
+        waits: list[tuple[int, Any, threading.Event]] = []  # read by another caller
         for j, it in enumerate(items):
             if it.parts <= 1:
-                todo.append(j)
+                here.append(j)
                 continue
             key = (it.dataset, it.shard, it.record)
             if key in owned:
@@ -181,29 +189,36 @@ class FetchTokenize(ProcessLocal):
             got = cache.claim(key)
             if got is None:
                 owned[key] = j
-                todo.append(j)
-            elif isinstance(got, np.ndarray):
-                out[j] = got
-            else:
+                here.append(j)
+            elif isinstance(got, threading.Event):
                 waits.append((j, key, got))
+            else:
+                out[j] = got
         try:
-            if todo:
-                for j, toks in zip(todo, self.tokenizer.encode_batch([texts[j] for j in todo])):
-                    out[j] = toks
+            if here:
+                for j, doc in zip(here, self._read_encode([items[j] for j in here])):
+                    out[j] = doc
             for key, j in owned.items():
                 cache.put(key, out[j])
         finally:
             for key in owned:
-                cache.release(key)  # no-op after put; frees waiters if encoding failed
+                cache.release(key)  # no-op after put; frees waiters if reading failed
         for j, key in same:
             out[j] = out[owned[key]]
         for j, key, ev in waits:
             ev.wait()
-            toks = cache.get(key)
-            if toks is None:  # evicted already, or the owner failed: tokenize it here
-                toks = self.tokenizer.encode_batch([texts[j]])[0]
-            out[j] = toks
-        return out  # type: ignore[return-value]
+            doc = cache.get(key)
+            if doc is None:  # evicted already, or the owner failed: read it here
+                doc = self._read_encode([items[j]])[0]
+            out[j] = doc
+        return out
+
+    def cut(self, n: int, i: int, k: int) -> int:
+        """Where part i of k of an n-token document starts. Cuts fall on multiples of ``align``
+        (the row length for packers that never split), so a document that fits a row is never
+        cut, whatever the byte-based estimate said; parts may then be empty."""
+        a = self.align
+        return min(n, -(-(i * n // k) // a) * a) if a > 1 else i * n // k
 
     def __repr__(self) -> str:
         return f"FetchTokenize(datasets={[d.name for d in self.datasets]}, tokenizer={self.tokenizer!r})"

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from zephon.engine import IndexPermutation, StateError, ZNode, stable_u64
+from zephon.engine import IndexPermutation, StateError, ZNode, check_state_keys, stable_u64, state_int, state_ints
 
 __all__ = ["DatasetPlan", "LaneWorkSource", "WeightSchedule", "WorkItem", "WorkPlan"]
 
@@ -314,30 +314,50 @@ class LaneWorkSource(ZNode[WorkItem]):
         if initial_state is None:
             return
         n = len(self.plan.datasets)
+        st = initial_state
+        check_state_keys(self, st, self._STATE_FIELDS)
         try:
-            draws, count, nbytes = initial_state["draws"], initial_state["count"], initial_state["bytes"]
-            phase, pbytes, pcount = initial_state["phase"], initial_state["phase_bytes"], initial_state["phase_count"]
-            part = initial_state["part"]
-        except KeyError as e:
-            raise StateError(
-                f"{self!r}: work source state lacks {e}; it is truncated or from another version"
-            ) from None
-        for name, v in (
-            ("count", count),
-            ("bytes", nbytes),
-            ("phase_bytes", pbytes),
-            ("phase_count", pcount),
-            ("part", part),
-        ):
-            if not (isinstance(v, list) and len(v) == n and all(isinstance(x, int) and x >= 0 for x in v)):
+            # (stream positions lane + k * lanes must stay within int64)
+            count = state_ints(self, "count", st["count"], n, hi=(1 << 62) // self.plan.lanes)
+            nbytes = state_ints(self, "bytes", st["bytes"], n)
+            pbytes = state_ints(self, "phase_bytes", st["phase_bytes"], n)
+            pcount = state_ints(self, "phase_count", st["phase_count"], n)
+            part = state_ints(self, "part", st["part"], n)
+        except StateError as e:
+            raise StateError(f"{e} (one per dataset of the recipe: {n}; the recipe's datasets changed?)") from None
+        phase = state_int(self, "phase", st["phase"], 0, len(self.plan.schedule.phases) - 1)
+        draws = state_int(self, "draws", st["draws"], sum(count))  # every record started is one draw
+        for d, ds in enumerate(self.plan.datasets):
+            where = f"dataset {ds.name!r} (#{d})"
+            if pcount[d] > count[d] or pbytes[d] > nbytes[d]:
                 raise StateError(
-                    f"{self!r}: state field {name!r} must list {n} non-negative integers (one per dataset), got {v!r}; the recipe's datasets changed"
+                    f"{self!r}: state field 'phase_count'/'phase_bytes' of {where} exceeds 'count'/'bytes' "
+                    f"({pcount[d]} > {count[d]} or {pbytes[d]} > {nbytes[d]}): the state is corrupt or edited"
                 )
-        if not isinstance(draws, int) or not isinstance(phase, int) or not 0 <= phase < len(self.plan.schedule.phases):
-            raise StateError(f"{self!r}: invalid draws/phase in state")
-        self.draws, self.count, self.bytes = draws, list(count), list(nbytes)
-        self.phase, self.phase_bytes, self.phase_count = phase, list(pbytes), list(pcount)
-        self.part = list(part)
+            limit = ds.stream_length
+            if limit is not None:
+                # the lane takes positions lane, lane + L, ... below the stream's length
+                most = max(0, -(-(limit - self.lane) // self.plan.lanes))
+                if count[d] > most:
+                    raise StateError(
+                        f"{self!r}: state field 'count' of {where} is {count[d]}, but this lane has only {most} "
+                        "records of it to read: the state is corrupt or edited"
+                    )
+            if part[d]:
+                if count[d] == 0:
+                    raise StateError(f"{self!r}: state field 'part' of {where} is {part[d]} before any record")
+                _, _, shard, record = self._locate_count(d, count[d] - 1)
+                parts = ds.parts(int(ds.record_weight(shard)[record]))
+                if part[d] >= parts:
+                    raise StateError(
+                        f"{self!r}: state field 'part' of {where} is {part[d]}, but the record in progress "
+                        f"has {parts} parts: the state is corrupt or edited"
+                    )
+        self.draws, self.count, self.bytes = draws, count, nbytes
+        self.phase, self.phase_bytes, self.phase_count = phase, pbytes, pcount
+        self.part = part
+
+    _STATE_FIELDS = ("draws", "count", "bytes", "phase", "phase_bytes", "phase_count", "part")
 
     def get_state(self) -> dict[str, Any]:
         return self._tagged(

@@ -143,11 +143,13 @@ print("bytes per lane:", sorted({len(v) for k, v in encoded.items() if k.startsw
       "| shared entry:", len(encoded["zephon"]), "bytes | total:", sum(len(v) for v in encoded.values()), "bytes")
 
 # %% [markdown]
-# A lane's whole state, outermost node first: the batcher, the shuffle window, the packer, the
-# skip counter, the mapper and the work source. Each accumulator stores its upstream's state at
-# its last flush point (`anchor`), its counters there (`extra`) and how many outputs it has
-# delivered since (`since`). Positions and counters only, never buffered tokens: a restore
-# replays at most one flush interval (notebook 02).
+# A lane's entry says which lane it is (`lane`), at which step it was saved (`step`), and carries
+# a SHA-256 `digest` of its content bound to the run, so an edited, corrupt or swapped entry is
+# refused on restore. Its `state` is the lane's whole pipeline, outermost node first: the batcher,
+# the shuffle window, the packer, the skip counter, the mapper and the work source. Each
+# accumulator stores its upstream's state at its last flush point (`anchor`), its counters there
+# (`extra`) and how many outputs it has delivered since (`since`). Positions and counters only,
+# never buffered tokens: a restore replays at most one flush interval (notebook 02).
 
 # %%
 def outline(state: dict, depth: int = 0) -> None:
@@ -160,8 +162,10 @@ def outline(state: dict, depth: int = 0) -> None:
 
 
 lane_bytes = encoded["lane_00005"]
-print(f"lane 5 at step {SAVE_AT}: {len(lane_bytes)} bytes of JSON\n")
-outline(json.loads(lane_bytes))
+entry = json.loads(lane_bytes)
+print(f"lane 5 at step {SAVE_AT}: {len(lane_bytes)} bytes of JSON; lane {entry['lane']}, step {entry['step']}, "
+      f"digest {entry['digest'][:16]}...\n")
+outline(entry["state"])
 
 # %% [markdown]
 # Now restore the decoded state on 2 ranks and on 8 ranks and compare the next steps with the

@@ -7,7 +7,7 @@ root=$(pwd)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir "$stage/zephon"
-for entry in zephon/*; do ln -s "$root/$entry" "$stage/zephon/$(basename "$entry")"; done
+for entry in zephon/*; do [ "$(basename "$entry")" = nodes ] || ln -s "$root/$entry" "$stage/zephon/$(basename "$entry")"; done  # a worktree may link zephon/nodes itself
 ln -s "$root/nodes" "$stage/zephon/nodes"
 cd "$stage"
 "$root/.venv/bin/python" -m mypy --config-file "$root/pyproject.toml" -p zephon 2>&1 \

@@ -67,7 +67,8 @@ def test_fingerprint_depends_on_policy_not_location(tmp_path, tt):
     assert len(fps) == 4
     shutil.copytree(BUNDLED, tmp_path / "copy")
     assert TextTokenizer(tmp_path / "copy").fingerprint == tt.fingerprint
-    assert TextTokenizer(BUNDLED, special_tokens_in_text=False).fingerprint != tt.fingerprint
+    assert TextTokenizer(BUNDLED, special_tokens_in_text=True).fingerprint != tt.fingerprint
+    assert tt.fingerprint_with(True) == TextTokenizer(BUNDLED, special_tokens_in_text=True).fingerprint
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -100,9 +101,11 @@ def test_decode_round_trip(tt, docs):
 
 
 def test_special_token_text_policy(tt):
+    """Document text cannot forge special tokens unless the recipe opts in."""
     text = "before <|eos|> after"
-    assert 1 in tt.encode(text)[1:-1].tolist()  # HF default: the text becomes the special id
-    safe = TextTokenizer(BUNDLED, special_tokens_in_text=False)
+    opted_in = TextTokenizer(BUNDLED, special_tokens_in_text=True)
+    assert 1 in opted_in.encode(text)[1:-1].tolist()  # the Hugging Face behaviour: the text becomes the id
+    safe = tt  # the default
     ids = safe.encode(text)
     assert ids[0] == 0 and ids[-1] == 1 and 1 not in ids[1:-1].tolist() and 0 not in ids[1:-1].tolist()
     assert safe.decode(ids, skip_special_tokens=True) == text

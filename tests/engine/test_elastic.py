@@ -134,6 +134,7 @@ def test_router_repr_and_state_keys():
             "fingerprint",
             "step",
             "shared",
+            "digest",
             "lane_00002",
             "lane_00003",
         }

@@ -108,3 +108,42 @@ def test_failing_owner_releases_waiters(corpus):
         got = second.result(timeout=10)  # did not hang; tokenized the document itself
     for g, want in zip(got, reference(ix, parts_of(2, 4)[2:])):
         np.testing.assert_array_equal(g.tokens, want)
+
+
+class CountingIndex:
+    """Wraps an index: counts how often each record is read."""
+
+    def __init__(self, ix) -> None:
+        self.ix, self.reads, self.name = ix, {}, ix.name
+        self._lock = threading.Lock()
+
+    def read(self, shard, indices):
+        with self._lock:
+            for i in indices:
+                self.reads[i] = self.reads.get(i, 0) + 1
+        return self.ix.read(shard, indices)
+
+
+def test_a_long_document_is_read_once_not_once_per_part(corpus):
+    docs, ix = corpus
+    counted = CountingIndex(ix)
+    f = FetchTokenize([counted], TextTokenizer(TOKENIZER_DIR))
+    items = parts_of(5, 8)
+    got = f(items[:3]) + f(items[3:6]) + f(items[6:])  # one chunk, then two later ones (from the cache)
+    assert counted.reads == {5: 1}
+    for g, want in zip(got, reference(ix, items)):
+        np.testing.assert_array_equal(g.tokens, want)
+    with cf.ThreadPoolExecutor(3) as ex:  # concurrent chunks of another document: still one read
+        list(ex.map(f, [parts_of(4, 6)[:2], parts_of(4, 6)[2:4], parts_of(4, 6)[4:]]))
+    assert counted.reads == {5: 1, 4: 1}
+
+
+def test_a_bad_long_document_is_read_once(tmp_path):
+    path = os.path.join(tmp_path, "a.jsonl")
+    with open(path, "w") as f:
+        f.write('{"text": "fine"}\n{"text": "never closed ' + "x" * 1000 + "\n")
+    ix = index_dataset("a", path, cache_dir=str(tmp_path / "cache"))
+    counted = CountingIndex(ix)
+    f = FetchTokenize([counted], TextTokenizer(TOKENIZER_DIR), on_error=["skip"])
+    out = f(parts_of(1, 10)[:5]) + f(parts_of(1, 10)[5:])
+    assert counted.reads == {1: 1} and all(d.skipped and "invalid JSON" in d.skipped for d in out)

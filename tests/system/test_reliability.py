@@ -13,6 +13,7 @@ import textwrap
 import time
 
 import pytest
+from state_edits import node_of, unsealed
 
 from zephon import Recipe, StateError, WorkerConfig, batch_sha256, decode_state, encode_state
 from zephon.data.datasets import DataError
@@ -130,7 +131,7 @@ def test_skips_are_deterministic_and_counted(data):
         total = 0
         for k, v in state.items():
             if k.startswith("lane_"):
-                node = v
+                node = v["state"]
                 while node.get("type") != "skip_counter":
                     node = node["anchor"]
                 total += sum(node["skipped"])
@@ -206,25 +207,53 @@ def test_changed_source_file_is_refused_on_resume(tmp_path):
         run(recipe(root), 2, 1, state=state)
 
 
-def test_old_format_checkpoint_loads_through_migration(data):
+def as_format(state, version):
+    """``state`` written as format ``version`` (1 or 2) was: lane entries are the pipelines' states
+    (no lane identity, no digests), skip counters of version 1 (no streak); format 1 also had no
+    "shared" entry and no skip_counter in text lanes."""
+    old = unsealed(state)
+    old["format_version"] = version
+    for k, v in old.items():
+        if k.startswith("lane_"):
+            counter = node_of(v, "skip_counter")
+            counter["version"] = 1
+            del counter["streak"]
+            if version == 1:
+                node = v
+                while node["anchor"].get("type") != "skip_counter":
+                    node = node["anchor"]
+                node["anchor"] = node["anchor"]["upstream"]
+    if version == 1:
+        del old["shared"]
+    return old
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_old_format_checkpoint_loads_through_migration(data, version):
     root, _ = data
     r = recipe(root)
     ref, _ = run(r, 2, 12)
     _, state = run(r, 2, 5)
-    # write the state as format 1 did: no "shared" entry and no skip_counter in text lanes
-    old = {k: v for k, v in state.items() if k != "shared"}
-    old["format_version"] = 1
-    for k, v in old.items():
-        if k.startswith("lane_"):
-            node = v
-            while node["anchor"].get("type") != "skip_counter":
-                node = node["anchor"]
-            node["anchor"] = node["anchor"]["upstream"]
-    enc = encode_state(old)
+    enc = encode_state(as_format(state, version))
     decoded = decode_state(enc)  # decoding leaves it as written; the recipe's lanes know how to migrate it
-    assert decoded["format_version"] == 1
+    assert decoded["format_version"] == version
     assert migrate(decoded, LANE_MIGRATIONS)["format_version"] == FORMAT_VERSION
     assert run(recipe(root), 4, 7, state=decoded)[0] == ref[5:]  # a fresh Recipe: nothing registered on import
+
+
+def test_checkpoint_of_the_former_special_token_default_names_the_setting(tmp_path):
+    """Before special-token parsing became an opt-in, document text like "<|eos|>" became the
+    special token. A format 2 checkpoint of that default resumes with the setting it names, and
+    only with it (the tokenizer changed otherwise)."""
+    root = str(tmp_path)
+    make_data(root)
+    old_default = recipe(root).replace(tokenizer={"path": TOKENIZER_DIR, "special_tokens_in_text": True})
+    ref, _ = run(old_default, 2, 9)
+    _, state = run(old_default, 2, 4)
+    v2 = as_format(state, 2)
+    with pytest.raises(StateError, match="set \\[tokenizer\\] special_tokens_in_text = true"):
+        run(recipe(root), 2, 1, state=v2)
+    assert run(old_default.replace(), 2, 5, state=v2)[0] == ref[4:]
 
 
 def test_checkpoint_from_newer_zephon_is_refused(data):
@@ -238,7 +267,7 @@ def test_checkpoint_from_newer_zephon_is_refused(data):
 INTERRUPT_SCRIPT = textwrap.dedent("""
     import os, sys, json
     from zephon import Recipe, WorkerConfig
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, os.path.join({tests!r}, "..", "support")]
     from test_reliability import recipe
     if __name__ == "__main__":
         r = recipe({root!r})

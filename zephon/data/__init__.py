@@ -6,6 +6,7 @@ layer answers "how many records, how big is each, give me records i, j, k of sha
 """
 
 from .datasets import (
+    DEFAULT_MAX_RECORD_BYTES,
     FORMATS,
     KINDS,
     MM_FORMATS,
@@ -16,6 +17,7 @@ from .datasets import (
     MMRecord,
     MultimodalIndex,
     ShardMeta,
+    default_cache_dir,
     image_header_size,
     index_dataset,
     index_multimodal,
@@ -24,6 +26,7 @@ from .tokenizer import BUNDLED_TOKENIZER, TextTokenizer, set_tokenizers_parallel
 
 __all__ = [
     "BUNDLED_TOKENIZER",
+    "DEFAULT_MAX_RECORD_BYTES",
     "FORMATS",
     "KINDS",
     "MM_FORMATS",
@@ -35,6 +38,7 @@ __all__ = [
     "MultimodalIndex",
     "ShardMeta",
     "TextTokenizer",
+    "default_cache_dir",
     "image_header_size",
     "index_dataset",
     "index_multimodal",

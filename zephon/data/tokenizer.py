@@ -83,10 +83,11 @@ class TextTokenizer:
             tokenizer (used when there is no ``tokenizer.json``).
         add_bos / add_eos: put ``bos_id`` before / ``eos_id`` after every document.
         bos_token / eos_token: name the special tokens explicitly (override the config).
-        special_tokens_in_text: when True (the Hugging Face default), a document containing
-            the text of a special token, e.g. "<|eos|>", gets that token's id; when False it is
-            encoded as plain text (``Tokenizer.encode_special_tokens``), so raw documents cannot
-            forge document boundaries. Part of the fingerprint.
+        special_tokens_in_text: False (the default): the text of a special token inside a
+            document, e.g. "<|eos|>", is encoded as plain text (``Tokenizer.encode_special_tokens``),
+            so raw documents cannot forge document boundaries or image placeholders. True (the
+            Hugging Face behaviour, an explicit opt-in: ``[tokenizer] special_tokens_in_text =
+            true``) gives such text the special token's id. Part of the fingerprint.
     """
 
     def __init__(
@@ -96,7 +97,7 @@ class TextTokenizer:
         add_eos: bool = True,
         bos_token: str | None = None,
         eos_token: str | None = None,
-        special_tokens_in_text: bool = True,
+        special_tokens_in_text: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.special_tokens_in_text = bool(special_tokens_in_text)
@@ -224,12 +225,19 @@ class TextTokenizer:
                     f'({kind}_token=... here, or "{kind}_token" in tokenizer_config.json)'
                 )
 
-    def _fingerprint(self, tok) -> str:
+    def fingerprint_with(self, special_tokens_in_text: bool) -> str:
+        """The fingerprint this tokenizer would have with the other special-token policy (to tell
+        a user which setting a checkpoint was written with)."""
+        return self._fingerprint(None, special_tokens_in_text)
+
+    def _fingerprint(self, tok, special_tokens_in_text: bool | None = None) -> str:
         h = hashlib.sha256(self._json_bytes)
+        if special_tokens_in_text is None:
+            special_tokens_in_text = self.special_tokens_in_text
         policy = {
             "add_bos": self.add_bos,
             "add_eos": self.add_eos,
-            "special_tokens_in_text": self.special_tokens_in_text,
+            "special_tokens_in_text": special_tokens_in_text,
             "bos_id": self.bos_id if self.add_bos else None,
             "eos_id": self.eos_id if self.add_eos else None,
         }
@@ -286,6 +294,7 @@ class TextTokenizer:
                         f"(fingerprint {fresh.fingerprint[:12]} != {fp[:12]})"
                     )
                 self._fast = fresh._fast
+                self._json_bytes = fresh._json_bytes
                 self._tok = fresh._tok
             return self._tok
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from .node import ANCHOR, EXTRA, SINCE, StateError, ZNode
+from .node import ANCHOR, EXTRA, MAX_STATE_INT, SINCE, StateError, ZNode, check_state_keys, state_int, state_node
 
 __all__ = ["Accumulator"]
 
@@ -102,7 +102,17 @@ class Accumulator(ZNode[Any]):
         return {}
 
     def load_extra_state(self, extra: dict[str, Any]) -> None:
-        """Restore what :meth:`extra_state` returned."""
+        """Restore what :meth:`extra_state` returned (check every value: it comes from a file;
+        :func:`zephon.engine.state_int` and :func:`zephon.engine.check_state_keys` help)."""
+        if extra:
+            raise StateError(f"{self!r}: state field 'extra' must be empty for this node, got {sorted(extra)}")
+
+    def max_since(self) -> int | None:
+        """The most outputs one flush interval of this operator can deliver before its next
+        anchor, from its configuration alone (None: no static bound). A restored ``since`` above
+        it is refused before anything is replayed; replay itself stops, with an error, at the
+        point where the interval ends (the exact check)."""
+        return None
 
     def on_flush(self) -> None:
         """Called at every flush point: after :meth:`flush`, and when :meth:`accept` emptied the
@@ -139,16 +149,24 @@ class Accumulator(ZNode[Any]):
             self.source.reset(None)
             self._take_anchor()
             return
-        for key in (ANCHOR, EXTRA, SINCE):
-            if key not in initial_state:
-                raise StateError(f"{self!r}: state has no {key!r} entry; it is truncated or not an accumulator state")
-        since = initial_state[SINCE]
-        if not isinstance(since, int) or since < 0:
-            raise StateError(f"{self!r}: 'since' must be a non-negative integer, got {since!r}")
-        self.source.reset(initial_state[ANCHOR])
-        self.load_extra_state(initial_state[EXTRA])
+        check_state_keys(self, initial_state, (ANCHOR, EXTRA, SINCE))
+        cap = self.max_since()
+        since = state_int(self, SINCE, initial_state[SINCE], 0, MAX_STATE_INT if cap is None else cap)
+        anchor = state_node(self, ANCHOR, initial_state[ANCHOR])
+        extra = initial_state[EXTRA]
+        if not isinstance(extra, dict):
+            raise StateError(f"{self!r}: state field 'extra' must be a JSON object, got {type(extra).__name__}")
+        self.load_extra_state(extra)
+        self.source.reset(anchor)
         self._take_anchor()
         for i in range(since):  # replay: regenerate and drop what was already delivered
+            if i and not self._out and self._pending_anchor and self.buffer_empty():
+                # the flush interval that started at the anchor is over: a true state never
+                # counts more outputs since its anchor than that interval produced
+                raise StateError(
+                    f"{self!r}: state field 'since' = {since}, but the flush interval at its anchor "
+                    f"produced only {i} outputs; the state was edited or corrupted"
+                )
             try:
                 self._next_output()
             except StopIteration:

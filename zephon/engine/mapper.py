@@ -23,14 +23,36 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from .node import ANCHOR, SINCE, PipelineError, StateError, ZNode
+from .node import ANCHOR, SINCE, PipelineError, StateError, ZNode, check_state_keys, state_int, state_node
 from .workers import WorkerConfig, WorkerPool
 
-__all__ = ["OrderedMapper", "WorkerError", "describe_item"]
+__all__ = ["MAX_CHUNK_SIZE", "OrderedMapper", "WorkerError", "describe_item"]
+
+#: the largest chunk a mapper hands one worker task. The chunk size is a performance setting (a
+#: run may resume with another one), so a restored state's ``since`` is bounded by this, not by
+#: the current chunk size
+MAX_CHUNK_SIZE = 4096
 
 
 class WorkerError(PipelineError):
-    """A user function failed on a record; the message names the lane and the record."""
+    """A user function failed on a record; the message names the lane and the record.
+
+    The worker's traceback is kept in :attr:`worker_traceback` (not in the message: an error
+    about the data reads as a message, not as a crash; ``zephon --debug`` prints it)."""
+
+    def __init__(self, message: str, worker_traceback: str = "") -> None:
+        super().__init__(message)
+        self.worker_traceback = worker_traceback
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.worker_traceback))
+
+
+def _describe_error(e: BaseException) -> str:
+    """How a worker's exception reads in the error message: an error that is itself a message for
+    the user (its class sets ``user_error = True``, as the data layer's ``DataError`` does) as
+    it is, anything else with its type's name."""
+    return str(e) if getattr(type(e), "user_error", False) else f"{type(e).__name__}: {e}"
 
 
 def describe_item(item: Any, limit: int = 160) -> str:
@@ -49,13 +71,17 @@ def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> 
     if is_batch:
         try:
             out = fn(list(items))
+        except (KeyboardInterrupt, SystemExit):
+            raise  # inline (workers = 0) this is the main thread: Ctrl-C and SIGTERM end the run
         except BaseException:  # find the failing item by running them one at a time
             done: list[Any] = []
             for i, item in enumerate(items):
                 try:
                     done.extend(fn([item]))
+                except (KeyboardInterrupt, SystemExit):
+                    raise
                 except BaseException as e:
-                    return ("err", i, f"{type(e).__name__}: {e}", traceback.format_exc(), done)
+                    return ("err", i, _describe_error(e), traceback.format_exc(), done)
             return ("err", 0, "the batch function failed on the chunk but on no item alone", traceback.format_exc(), [])
         if not isinstance(out, (list, tuple)) or len(out) != len(items):
             got = len(out) if isinstance(out, (list, tuple)) else type(out).__name__
@@ -71,8 +97,10 @@ def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> 
     for i, item in enumerate(items):
         try:
             results.append(fn(item))
+        except (KeyboardInterrupt, SystemExit):
+            raise
         except BaseException as e:
-            return ("err", i, f"{type(e).__name__}: {e}", traceback.format_exc(), results)
+            return ("err", i, _describe_error(e), traceback.format_exc(), results)
     return ("ok", results)
 
 
@@ -122,8 +150,8 @@ class OrderedMapper(ZNode[Any]):
         super().__init__()
         if (fn is None) == (batch_fn is None):
             raise ValueError("OrderedMapper needs exactly one of fn= (per item) or batch_fn= (per list)")
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_CHUNK_SIZE:
+            raise ValueError(f"chunk_size must be an integer in [1, {MAX_CHUNK_SIZE}], got {chunk_size!r}")
         self.source = source
         self.fn = batch_fn if batch_fn is not None else fn
         self.is_batch = batch_fn is not None
@@ -167,10 +195,11 @@ class OrderedMapper(ZNode[Any]):
             self.source.reset(None)
             self._pulled = 0
             return
-        since = initial_state.get(SINCE)
-        if not isinstance(since, int) or since < 0:
-            raise StateError(f"{self!r}: 'since' must be a non-negative integer, got {since!r}")
-        self.source.reset(initial_state[ANCHOR])
+        check_state_keys(self, initial_state, (ANCHOR, SINCE))
+        # the state points into one chunk: fewer of its items were delivered than any chunk holds
+        # (the chunk size may differ from the one the state was written with: it is not data)
+        since = state_int(self, SINCE, initial_state[SINCE], 0, MAX_CHUNK_SIZE - 1)
+        self.source.reset(state_node(self, ANCHOR, initial_state[ANCHOR]))
         self._pulled = 0
         for i in range(since):  # skip what was delivered, without mapping it
             try:
@@ -284,8 +313,8 @@ class OrderedMapper(ZNode[Any]):
         self._exhausted = True
         self._cancel_pending()
         self._error = WorkerError(
-            f"{self._where()}: {msg}\n  while mapping {describe_item(item)} "
-            f"(source position {task.start + idx} of this lane)\n  worker traceback:\n{tb}"
+            f"{self._where()}: {msg}\n  while mapping {describe_item(item)} (source position {task.start + idx} of this lane)",
+            tb,
         )
         return list(partial)  # the records before the failing one are still delivered, in order
 

@@ -27,17 +27,26 @@ EXTRA = "extra"
 #: the upstream's current state, for a node that holds nothing itself
 UPSTREAM = "upstream"
 
+#: the largest integer a state may hold: JSON readers other than Python's lose precision above
+#: 2**53, and no counter of a real run comes near it (a value above it is corrupt or hostile)
+MAX_STATE_INT = 2**53
+
 __all__ = [
     "ANCHOR",
     "EXTRA",
+    "MAX_STATE_INT",
     "SINCE",
     "UPSTREAM",
     "PipelineError",
     "StateError",
     "ZNode",
     "check_state",
+    "check_state_keys",
     "close_node",
     "json_roundtrip",
+    "state_int",
+    "state_ints",
+    "state_node",
     "upstream_nodes",
 ]
 
@@ -68,6 +77,62 @@ def check_state(node: ZNode, state: dict[str, Any]) -> None:
             f"(this zephon writes version {node.state_version}). Use the zephon release that "
             "wrote the checkpoint, or migrate it with zephon.checkpoint.migrate()."
         )
+
+
+def check_state_keys(node: Any, state: Mapping[str, Any], keys: Iterable[str], *, tagged: bool = True) -> None:
+    """Refuse a state whose keys are not exactly ``type``, ``version`` (when ``tagged``) and
+    ``keys``, naming the first missing or unknown one (a truncated state, or one edited or
+    written by another node).
+
+    >>> check_state_keys("Pack()", {"type": "pack", "version": 1, "since": 0, "extra": {}}, ["since"])
+    Traceback (most recent call last):
+    ...
+    zephon.engine.node.StateError: Pack(): state has an unknown entry 'extra' (expected: since)
+    """
+    want = list(keys)
+    missing = [k for k in want if k not in state]
+    if missing:
+        raise StateError(f"{node}: state has no {missing[0]!r} entry; it is truncated or not this node's state")
+    allowed = {"type", "version", *want} if tagged else set(want)
+    unknown = sorted(k for k in state if k not in allowed)
+    if unknown:
+        raise StateError(f"{node}: state has an unknown entry {unknown[0]!r} (expected: {', '.join(want)})")
+
+
+def state_int(node: Any, field: str, value: Any, lo: int = 0, hi: int = MAX_STATE_INT) -> int:
+    """``value`` if it is an integer in ``[lo, hi]`` (a JSON ``true`` is not an integer here),
+    else a :class:`StateError` naming the node and the field.
+
+    >>> state_int("Shuffle()", "since", 3, hi=7)
+    3
+    >>> state_int("Shuffle()", "since", True)
+    Traceback (most recent call last):
+    ...
+    zephon.engine.node.StateError: Shuffle(): state field 'since' must be an integer in [0, 9007199254740992], got True
+    """
+    if type(value) is not int or not lo <= value <= hi:
+        raise StateError(f"{node}: state field {field!r} must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def state_ints(node: Any, field: str, value: Any, n: int, lo: int = 0, hi: int = MAX_STATE_INT) -> list[int]:
+    """A list of exactly ``n`` integers in ``[lo, hi]`` (one per dataset, say), else a
+    :class:`StateError` naming the node, the field and the first bad entry."""
+    if not isinstance(value, list) or len(value) != n:
+        got = f"{len(value)} entries" if isinstance(value, list) else repr(value)
+        raise StateError(f"{node}: state field {field!r} must list {n} integers, got {got}")
+    return [state_int(node, f"{field}[{i}]", x, lo, hi) for i, x in enumerate(value)]
+
+
+def state_node(node: Any, field: str, value: Any) -> dict[str, Any]:
+    """An upstream node's state inside this node's state: a JSON object, never null (a null
+    would silently restart the upstream from the beginning)."""
+    if not isinstance(value, dict):
+        raise StateError(
+            f"{node}: state field {field!r} must be the upstream node's state (a JSON object), "
+            f"got {type(value).__name__}"
+        )
+    return value
 
 
 def json_roundtrip(state: dict[str, Any]) -> dict[str, Any]:

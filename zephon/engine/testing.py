@@ -22,7 +22,7 @@ from torchdata.nodes import BaseNode
 from .accumulator import Accumulator
 from .lanes import LaneContext, batch_sha256
 from .mapper import OrderedMapper
-from .node import ZNode, json_roundtrip
+from .node import ZNode, check_state_keys, json_roundtrip, state_int
 from .seeding import lane_rng
 from .workers import ProcessLocal
 
@@ -62,7 +62,10 @@ class RangeSource(ZNode[int]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        self.cursor = 0 if initial_state is None else int(initial_state["cursor"])
+        self.cursor = 0
+        if initial_state is not None:  # a state comes from a file: check every value
+            check_state_keys(self, initial_state, ["cursor"])
+            self.cursor = state_int(self, "cursor", initial_state["cursor"])
 
     def next(self) -> int:
         value = self.lane + self.cursor * self.lanes
@@ -99,7 +102,10 @@ class ListSource(ZNode[Any]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        self.cursor = 0 if initial_state is None else int(initial_state["cursor"])
+        self.cursor = 0
+        if initial_state is not None:
+            check_state_keys(self, initial_state, ["cursor"])
+            self.cursor = state_int(self, "cursor", initial_state["cursor"], 0, len(self.items))
 
     def next(self) -> Any:
         if self.cursor >= len(self.items):
@@ -171,7 +177,12 @@ class ToyShuffle(Accumulator):
         return {"window": self._window}
 
     def load_extra_state(self, extra: dict[str, Any]) -> None:
-        self._window = int(extra["window"])
+        check_state_keys(self, extra, ["window"], tagged=False)
+        self._window = state_int(self, "extra.window", extra["window"])
+
+    def max_since(self) -> int:
+        # a window delivers at most `buffer` items before the next anchor
+        return self.buffer - 1
 
     def accept(self, item: Any) -> None:
         self._held.append(item)

@@ -19,9 +19,13 @@ import concurrent.futures as cf
 import functools
 import math
 import multiprocessing as mp
+import os
 import pickle
+import select
+import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -99,6 +103,52 @@ class _PoolFuture(cf.Future):
         return self._pool._cancel(self)
 
 
+def _lifeline(main_pid: int) -> None:
+    """Initializer of every process worker: the worker dies with the process that started its
+    pool, however that one ends (SIGKILL included), and leaves Ctrl-C to it.
+
+    Why: a worker blocks on its task queue, and each worker (and the fork server) holds pipe
+    ends that keep the others alive, so after the main process is killed (what a scheduler does
+    on preemption) nothing would ever tell them to exit. A daemon thread waits on a pidfd of the
+    main process (readable when it exits; polling ``kill(pid, 0)`` where pidfds are missing)
+    and ends the worker. Under a fork server the worker's parent is the server, so
+    ``PR_SET_PDEATHSIG`` also ends it if the server dies first; it is not set when the parent is
+    the main process, where it would fire when the *thread* that started the worker exits.
+    Once the workers are gone, the fork server and the resource tracker see their pipes close
+    and exit by themselves."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    if sys.platform.startswith("linux") and os.getppid() != main_pid:
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+    fd: int | None = None
+    try:
+        fd = os.pidfd_open(main_pid)  # type: ignore[attr-defined,unused-ignore]  # Linux >= 5.3
+    except ProcessLookupError:
+        os._exit(1)  # the main process is already gone
+    except (AttributeError, OSError):
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])  # readable once the main process has exited
+        else:
+            while True:
+                time.sleep(1.0)
+                try:
+                    os.kill(main_pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    continue
+        os._exit(1)
+
+    threading.Thread(target=watch, name="zephon-lifeline", daemon=True).start()
+
+
 class WorkerPool:
     """A lazily started thread or process pool with an idempotent ``close()``.
 
@@ -160,7 +210,8 @@ class WorkerPool:
             # children fork from a server that imported zephon once: fast starts, and no fork
             # of this (threaded) process
             ctx.set_forkserver_preload(["zephon"])
-        steps = list(self._worker_starts)
+        # the lifeline first: a worker dies with the main process even while a later step runs
+        steps: list[WorkerStart] = [(_lifeline, (os.getpid(),)), *self._worker_starts]
         self.arenas = self._start_arenas()
         if self.arenas is not None:
             steps.append((arena_worker_start, self.arenas.initargs()))

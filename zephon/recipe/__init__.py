@@ -12,6 +12,7 @@ from .migrations import LANE_MIGRATIONS
 from .prepare import Prepared, TokenEstimate, estimate_tokens, prepare
 from .recipe import Recipe
 from .spec import (
+    LIMITS,
     DatasetSpec,
     MixingSpec,
     PackSpec,
@@ -21,11 +22,13 @@ from .spec import (
     TokenizerSpec,
     VisionSpec,
     WorkersSpec,
+    max_workers,
     parse_recipe,
 )
 
 __all__ = [
     "LANE_MIGRATIONS",
+    "LIMITS",
     "DatasetSpec",
     "MixingSpec",
     "PackSpec",
@@ -41,6 +44,7 @@ __all__ = [
     "WorkersSpec",
     "build_lane",
     "estimate_tokens",
+    "max_workers",
     "parse_recipe",
     "prepare",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["LANE_MIGRATIONS", "migrate_text_lane_v1"]
+__all__ = ["LANE_MIGRATIONS", "migrate_lane_v2", "migrate_text_lane_v1"]
 
 
 def migrate_text_lane_v1(state: dict[str, Any]) -> dict[str, Any]:
@@ -39,5 +39,26 @@ def migrate_text_lane_v1(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+def migrate_lane_v2(state: dict[str, Any]) -> dict[str, Any]:
+    """Format 2 -> 3 for every lane: its skip counter (version 1 -> 2) gains a per-dataset
+    ``streak`` of bad records in a row, started at 0 (format 2 did not keep one, so the guard
+    against a dataset that cannot deliver starts counting at the resume).
+
+    >>> migrate_lane_v2({"type": "batch", "anchor": {"type": "skip_counter", "version": 1, "seen": [4, 2]}})
+    {'type': 'batch', 'anchor': {'type': 'skip_counter', 'version': 2, 'seen': [4, 2], 'streak': [0, 0]}}
+    """
+    node: Any = state
+    while isinstance(node, dict):
+        if node.get("type") == "skip_counter" and node.get("version") == 1:
+            node["version"] = 2
+            seen = node.get("seen")
+            node["streak"] = [0] * (len(seen) if isinstance(seen, list) else 0)
+        node = node.get("anchor", node.get("upstream"))
+    return state
+
+
 #: format version -> how one lane's state moves to the next version
-LANE_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: migrate_text_lane_v1}
+LANE_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: migrate_text_lane_v1,
+    2: migrate_lane_v2,
+}

@@ -6,36 +6,66 @@ sample of each dataset and plans the work (:class:`zephon.nodes.WorkPlan`). The 
 every checkpoint: :meth:`Prepared.adopt` returns the :class:`Prepared` a resumed run must use, so
 a resume never silently re-derives them, and it refuses a checkpoint whose files or tokenizer
 changed, naming what changed.
+
+A finite recipe also needs, before its first step, how many micro-batches each lane holds (the
+end of the data is a global step boundary, see :class:`zephon.engine.LaneEnd`). That count is a
+pass over the data; :func:`cached_lane_steps` keeps it on disk next to the dataset indexes,
+keyed by the recipe's fingerprint and token estimates, so it is paid once per data definition.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+import logging
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from zephon.data import TextTokenizer, index_dataset, index_multimodal
+from zephon.data import TextTokenizer, default_cache_dir, index_dataset, index_multimodal
 from zephon.engine import IndexPermutation, StateError, stable_u64
-from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WorkPlan
+from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WorkPlan, reason_class
 
 from .spec import DatasetSpec, RecipeError, RecipeSpec
 
-__all__ = ["Prepared", "TokenEstimate", "estimate_tokens", "prepare", "record_weights", "work_plan"]
+__all__ = [
+    "Prepared",
+    "TokenEstimate",
+    "cached_lane_steps",
+    "estimate_tokens",
+    "lane_steps_key",
+    "prepare",
+    "record_weights",
+    "work_plan",
+]
+
+_LOG = logging.getLogger("zephon")
+
+
+#: bytes of each sampled text that token estimation tokenizes (a longer text is measured on its
+#: start and extrapolated): estimation costs at most this per sampled record
+ESTIMATE_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
 class TokenEstimate:
-    """Measured tokens per record byte (content) and fixed tokens per record (BOS/EOS)."""
+    """Measured tokens per record byte (content) and fixed tokens per record (BOS/EOS), from
+    ``sampled`` good records; ``bad`` counts the sampled records that were bad, by reason class,
+    with an example reason each (not part of the estimate: a checkpoint stores the first three)."""
 
     tokens_per_byte: float
     tokens_per_record: float
     sampled: int
+    bad: Mapping[str, tuple[int, str]] = field(default_factory=dict, compare=False)
 
 
 def _estimation_sample(index: Any, *, seed: int, samples: int, ds_number: int) -> Iterator[tuple[int, list[int]]]:
@@ -51,33 +81,74 @@ def _estimation_sample(index: Any, *, seed: int, samples: int, ds_number: int) -
         yield int(s), (picks[shards == s] - offsets[s]).tolist()
 
 
+def _head(text: str) -> tuple[str, float]:
+    """``text``, or its first :data:`ESTIMATE_BYTES` bytes (whole characters), and the share of
+    the text's bytes that is."""
+    if len(text) <= ESTIMATE_BYTES // 4:  # at most 4 bytes per character: short for sure
+        return text, 1.0
+    raw = text.encode("utf-8")
+    if len(raw) <= ESTIMATE_BYTES:
+        return text, 1.0
+    head = raw[:ESTIMATE_BYTES].decode("utf-8", "ignore")
+    return head, len(head.encode("utf-8")) / len(raw)
+
+
 def estimate_tokens(index: Any, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int) -> TokenEstimate:
     """Tokens per text byte of a dataset, from a seeded sample of its records (text documents,
     or the captions and text entries of image-text samples), tokenized in one call.
 
     The bytes are the ones the plan weighs a record by: the indexed record size for text, the
     UTF-8 size of the text segments for image-text records (their images are counted exactly
-    elsewhere, from the indexed image sizes)."""
+    elsewhere, from the indexed image sizes). A text longer than :data:`ESTIMATE_BYTES` is
+    measured on its first :data:`ESTIMATE_BYTES` and extrapolated, so one huge record cannot
+    make estimation slow or costly. Bad records are not sampled: they are counted in ``bad``."""
     texts: list[str] = []
+    shares: list[float] = []
     nbytes = records = 0
+    bad: dict[str, list[Any]] = {}
     for s, local in _estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
         sizes = index.record_bytes(s)
         for r, rec in zip(local, index.read(s, local)):
             if isinstance(rec, str):
-                texts.append(rec)
+                segs = [rec]
                 nbytes += int(sizes[r])
             elif getattr(rec, "segments", None) is not None:
                 segs = [seg for seg in rec.segments if isinstance(seg, str) and seg]
-                texts.extend(segs)
                 nbytes += sum(len(seg.encode("utf-8")) for seg in segs)
-            else:
-                continue  # a bad record: not sampled
+            else:  # a bad record: not sampled, but counted
+                reason = str(getattr(rec, "reason", rec))
+                entry = bad.setdefault(reason_class(reason), [0, reason])
+                entry[0] += 1
+                continue
+            for seg in segs:
+                head, share = _head(seg)
+                texts.append(head)
+                shares.append(share)
             records += 1
     per_record = (1 if tokenizer.add_bos else 0) + (1 if tokenizer.add_eos else 0)
+    bad_counts = {k: (int(v[0]), str(v[1])) for k, v in bad.items()}
     if not texts or nbytes == 0:
-        return TokenEstimate(tokens_per_byte=1.0, tokens_per_record=float(per_record), sampled=records)
-    content = sum(len(ids) for ids in tokenizer.encode_content(texts))
-    return TokenEstimate(tokens_per_byte=max(content, 1) / nbytes, tokens_per_record=float(per_record), sampled=records)
+        return TokenEstimate(1.0, float(per_record), records, bad_counts)
+    lengths = [len(ids) for ids in tokenizer.encode_content(texts)]
+    content: float = sum(n for n, f in zip(lengths, shares) if f == 1.0)
+    if any(f != 1.0 for f in shares):  # the texts measured on their start, extrapolated
+        content += sum(n / f for n, f in zip(lengths, shares) if f != 1.0)
+    return TokenEstimate(max(content, 1) / nbytes, float(per_record), records, bad_counts)
+
+
+def _all_bad_error(name: str, est: TokenEstimate, on_error: str) -> RecipeError:
+    """Every record token estimation sampled is bad: the dataset cannot deliver (in skip mode it
+    would skip forever), so the run fails before it starts, naming the most common reason."""
+    total = sum(n for n, _ in est.bad.values())
+    ranked = sorted(est.bad.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    top, (n, example) = ranked[0]
+    more = f"; also: {', '.join(f'{c} x {k!r}' for k, (c, _) in ranked[1:4])}" if len(ranked) > 1 else ""
+    return RecipeError(
+        f"recipe: dataset {name!r}: all {total} records sampled for token estimation are bad, most often "
+        f"({n} x) {top!r}, e.g. {example!r}{more}. The dataset cannot deliver a document"
+        + (' (on_error = "skip" would skip its records forever)' if on_error == "skip" else "")
+        + ". Fix the data or the dataset's settings (text_field, format, path, max_record_bytes)."
+    )
 
 
 class _ImageTextTokens:
@@ -102,6 +173,23 @@ class _ImageTextTokens:
                 np.bincount(owner, weights=per_image, minlength=len(n_img)) if per_image.size else np.zeros(len(n_img))
             )
             a = self._cache[shard] = np.maximum(1, np.rint(text + img)).astype(np.int64)
+        return a
+
+
+class _CappedBytes:
+    """Text record weights where a record above the size limit weighs 1 byte: it reads back as a
+    bad record without being read, so it is planned as one part (not as thousands of parts that
+    would each be skipped)."""
+
+    def __init__(self, index: Any, limit: int) -> None:
+        self.index, self.limit = index, limit
+        self._cache: dict[int, np.ndarray] = {}
+
+    def __call__(self, shard: int) -> np.ndarray:
+        a = self._cache.get(shard)
+        if a is None:
+            raw = self.index.record_bytes(shard)
+            a = self._cache[shard] = np.where(raw > self.limit, 1, raw) if (raw > self.limit).any() else raw
         return a
 
 
@@ -138,10 +226,12 @@ def record_weights(spec: RecipeSpec, ds: DatasetSpec, index: Any, est: TokenEsti
         return DatasetPlan(
             ds.name, sizes, weights, tokens_per_byte=1.0, tokens_per_record=0.0, policy=ds.policy, epochs=ds.epochs
         )
+    limit = ds.max_record_bytes
+    big = any(bool((index.record_bytes(s) > limit).any()) for s in range(len(index.shards)))
     return DatasetPlan(
         ds.name,
         sizes,
-        index.record_bytes,
+        _CappedBytes(index, limit) if big else index.record_bytes,
         tokens_per_byte=est.tokens_per_byte,
         tokens_per_record=est.tokens_per_record,
         split_tokens=spec.mixing.split_tokens or None,
@@ -230,10 +320,21 @@ class Prepared:
                 )
         tok = shared.get("tokenizer")
         if tok is not None and tok != self.tokenizer.fingerprint[:16]:
+            other = not self.tokenizer.special_tokens_in_text
+            hint = ""
+            if tok == self.tokenizer.fingerprint_with(other)[:16]:
+                hint = (
+                    f" It was written with special_tokens_in_text = {str(other).lower()} (zephon parsed special "
+                    "tokens in document text before this became an explicit opt-in): set [tokenizer] "
+                    f"special_tokens_in_text = {str(other).lower()} in the recipe to resume it."
+                )
             raise StateError(
-                f"the tokenizer at {self.spec.tokenizer.path!r} (or the BOS/EOS policy) changed since the checkpoint "
-                "was written; restore it, or start a new run."
+                f"the tokenizer at {self.spec.tokenizer.path!r} (or the BOS/EOS or special-token policy) changed "
+                f"since the checkpoint was written; restore it, or start a new run.{hint}"
             )
+        unknown = sorted(k for k in shared if k not in ("token_estimates", "data", "tokenizer"))
+        if unknown:
+            raise StateError(f"checkpoint 'shared' has an unknown entry {unknown[0]!r}; it was edited or is foreign")
         raw = shared.get("token_estimates")
         if raw is None:
             return self
@@ -241,15 +342,34 @@ class Prepared:
         if not isinstance(raw, dict) or sorted(raw) != names:
             got = sorted(raw) if isinstance(raw, dict) else raw
             raise StateError(f"checkpoint token estimates are for datasets {got!r}, the recipe has {names}")
-        try:
-            adopted = {k: TokenEstimate(float(v[0]), float(v[1]), int(v[2])) for k, v in raw.items()}
-        except (TypeError, ValueError, IndexError, OverflowError):
-            raise StateError(
-                f"checkpoint token estimates must be [tokens_per_byte, tokens_per_record, sampled] per dataset, got {raw!r}"
-            ) from None
+        adopted = {k: _estimate_from_state(k, v) for k, v in raw.items()}
         if adopted == dict(self.estimates):
             return self
         return dataclasses.replace(self, estimates=adopted, plan=work_plan(self.spec, self.indexes, adopted))
+
+
+def _estimate_from_state(name: str, v: Any) -> TokenEstimate:
+    """A stored ``[tokens_per_byte, tokens_per_record, sampled]``, range-checked: a bad value would
+    re-plan the whole mixture."""
+
+    def number(x: Any, lo: float, hi: float, positive: bool) -> bool:
+        ok = type(x) in (int, float) and math.isfinite(x) and lo <= x <= hi
+        return ok and (x > 0 or not positive)
+
+    ok = (
+        isinstance(v, list)
+        and len(v) == 3
+        and number(v[0], 0.0, 1e6, True)
+        and number(v[1], 0.0, 1e6, False)
+        and type(v[2]) is int
+        and 0 <= v[2] <= 2**53
+    )
+    if not ok:
+        raise StateError(
+            f"checkpoint token estimate of dataset {name!r} must be [tokens_per_byte > 0, tokens_per_record >= 0, "
+            f"sampled records >= 0], got {v!r}; the checkpoint is corrupt or edited"
+        )
+    return TokenEstimate(float(v[0]), float(v[1]), int(v[2]))
 
 
 def _index(spec: RecipeSpec, s: DatasetSpec, progress: bool | None) -> Any:
@@ -262,6 +382,7 @@ def _index(spec: RecipeSpec, s: DatasetSpec, progress: bool | None) -> Any:
             text_mode=s.text_mode,
             cache_dir=spec.cache_dir,
             progress=progress,
+            max_record_bytes=s.max_record_bytes,
         )
     return index_multimodal(
         s.name,
@@ -271,6 +392,8 @@ def _index(spec: RecipeSpec, s: DatasetSpec, progress: bool | None) -> Any:
         text_field=s.text_field,
         image_field=s.image_field,
         cache_dir=spec.cache_dir,
+        max_record_bytes=s.max_record_bytes,
+        on_error=s.on_error,
     )
 
 
@@ -278,7 +401,7 @@ def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
     """Load the tokenizer, index the datasets, estimate tokens and plan the work (I/O)."""
     t = spec.tokenizer
     try:
-        tok = TextTokenizer(t.path, t.add_bos, t.add_eos, t.bos_token, t.eos_token)
+        tok = TextTokenizer(t.path, t.add_bos, t.add_eos, t.bos_token, t.eos_token, t.special_tokens_in_text)
     except (OSError, ValueError) as e:
         raise RecipeError(f"recipe: [tokenizer]: {e}") from None
     indexes = tuple(_index(spec, s, progress) for s in spec.datasets)
@@ -295,6 +418,9 @@ def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
         s.name: estimate_tokens(ix, tok, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=i)
         for i, (s, ix) in pairs
     }
+    for s in spec.datasets:
+        if estimates[s.name].sampled == 0 and estimates[s.name].bad:
+            raise _all_bad_error(s.name, estimates[s.name], s.on_error)
     h = hashlib.sha256()
     h.update(json.dumps(spec.data_definition(), sort_keys=True, default=str).encode())
     for ix in indexes:
@@ -319,3 +445,83 @@ def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
         fingerprint=h.hexdigest()[:32],
         special=special,
     )
+
+
+def lane_steps_key(p: Prepared) -> str:
+    """What a finite recipe's per-lane step counts depend on: its fingerprint (data definition,
+    files, tokenizer, end mode) and the token estimates its plan was made with."""
+    est = json.dumps(
+        {k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(p.estimates.items())},
+        sort_keys=True,
+    )
+    return hashlib.sha256(f"{p.fingerprint}\0{est}".encode()).hexdigest()[:32]
+
+
+def _read_counts(path: str, lanes: int) -> list[int] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            got = json.load(f).get("lane_steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(got, list) and len(got) == lanes and all(type(n) is int and n >= 0 for n in got):
+        return got
+    return None
+
+
+def cached_lane_steps(p: Prepared, count: Callable[[], Sequence[int]]) -> list[int]:
+    """The micro-batches each lane of the finite recipe ``p`` holds: from the cache folder
+    (the recipe's ``cache_dir``, else ``$ZEPHON_CACHE_DIR`` / ``~/.cache/zephon/index``) when
+    there, else ``count()`` (a dry run of every lane) stored there under a file lock, so that
+    the ranks of one node sharing the folder count once and the others wait and read it.
+
+    The count is a pass over the data (read, tokenize, pack: what one epoch of loading costs,
+    with the rank's workers); the file is keyed by :func:`lane_steps_key`, so any change of
+    the data definition counts again."""
+    folder = p.spec.cache_dir or default_cache_dir()
+    path = os.path.join(folder, f"lane_steps-{lane_steps_key(p)}.json")
+    lanes = p.spec.lanes
+    got = _read_counts(path, lanes)
+    if got is not None:
+        return got
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock = open(path + ".lock", "a+")
+    except OSError as e:
+        warnings.warn(
+            f"zephon: cannot write the lane step cache in {folder!r} ({e}); counting without caching. "
+            "Set ZEPHON_CACHE_DIR to a writable directory.",
+            stacklevel=2,
+        )
+        return [int(n) for n in count()]
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the ranks of a node: one counts, the others wait and read
+        try:
+            got = _read_counts(path, lanes)
+            if got is not None:
+                return got
+            t0 = time.perf_counter()
+            got = [int(n) for n in count()]
+            seconds = time.perf_counter() - t0
+            record = {
+                "fingerprint": p.fingerprint,
+                "lanes": lanes,
+                "end": p.spec.end,
+                "lane_steps": got,
+                "count_seconds": round(seconds, 3),
+            }
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(record, f)
+            os.replace(tmp, path)
+            _LOG.info(
+                "zephon: counted the micro-batches of the %d lanes of a finite recipe in %.1f s (%d..%d per lane); "
+                "cached in %s",
+                lanes,
+                seconds,
+                min(got),
+                max(got),
+                path,
+            )
+            return got
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -72,6 +72,17 @@ class Recipe:
                 data = tomllib.load(f)
         except FileNotFoundError:
             raise RecipeError(f"recipe file {path!r} does not exist") from None
+        except IsADirectoryError:
+            raise RecipeError(f"recipe path {path!r} is a directory, not a TOML file; name the recipe file") from None
+        except PermissionError:
+            raise RecipeError(f"recipe file {path!r} is not readable (permission denied)") from None
+        except OSError as e:
+            raise RecipeError(f"recipe file {path!r} cannot be read: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise RecipeError(
+                f"recipe file {path!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at byte {e.start}); "
+                "save it as UTF-8"
+            ) from None
         except tomllib.TOMLDecodeError as e:
             raise RecipeError(f"recipe file {path!r} is not valid TOML: {e}") from None
         return cls(data, base_dir=os.path.dirname(os.path.abspath(path)))

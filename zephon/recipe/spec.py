@@ -23,12 +23,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zephon.data import FORMATS, KINDS, MM_FORMATS, TEXT_MODES
-from zephon.engine import BACKENDS, WorkerConfig
+from zephon.data import DEFAULT_MAX_RECORD_BYTES, FORMATS, KINDS, MM_FORMATS, TEXT_MODES
+from zephon.engine import BACKENDS, END_MODES, MAX_CHUNK_SIZE, WorkerConfig
 from zephon.nodes import ALGORITHMS, ON_ERROR, POLICIES, VisionConfig, WeightSchedule
 
 __all__ = [
     "DATASET_KEYS",
+    "LIMITS",
     "MIX_BY",
     "TOP_KEYS",
     "VISION_KEYS",
@@ -41,10 +42,50 @@ __all__ = [
     "TokenizerSpec",
     "VisionSpec",
     "WorkersSpec",
+    "max_workers",
     "parse_recipe",
 ]
 
 MIX_BY = ("tokens", "samples")
+
+#: The largest value each recipe key may take. A larger one is a typo or hostile: it would hang or
+#: exhaust memory before the first batch (10**9 lanes, a 10**9-token row, a shuffle window of
+#: 10**9 rows). The error names the key and the bound. Products are bounded too (see parse_recipe):
+#: one lane's micro-batch holds at most ``lane_tokens`` tokens, one lane's shuffle window at
+#: most ``shuffle_tokens`` (about 30 bytes each).
+LIMITS: Mapping[str, int] = {
+    "seed": 2**64 - 1,
+    "lanes": 65536,
+    "seq_len": 1 << 20,
+    "global_batch_size": 1 << 20,
+    "lane_tokens": 1 << 24,
+    "shuffle_tokens": 1 << 27,
+    "buffer": 1 << 20,
+    "flush_every": 1_000_000,
+    "max_open": 1024,
+    "estimate_samples": 100_000,
+    "split_tokens": 1 << 31,
+    "chunk_size": MAX_CHUNK_SIZE,
+    "vision_chunk_size": 1024,
+    "timeout_s": 86400,
+    "prefetch": 1024,
+    "epochs": 1_000_000,
+    "max_skipped": 2**53,
+    "max_record_bytes": 1 << 30,
+    "step": 2**53,
+    "weight": 10**9,
+    "patch_size": 1024,
+    "merge_size": 64,
+    "temporal_patch_size": 64,
+    "pixels": 1 << 32,
+    "images": 65536,
+}
+
+
+def max_workers() -> int:
+    """The most workers a pool may have: ``max(64, 4 x CPUs)`` (more only contend for the CPUs
+    and memory; 100,000 would never start)."""
+    return max(64, 4 * (os.cpu_count() or 1))
 
 
 class RecipeError(ValueError):
@@ -64,8 +105,9 @@ class DatasetSpec:
     policy: str = "repeat"
     epochs: int | None = None
     on_error: str = "raise"
-    max_skipped: int | None = None  # with on_error = "skip": run-wide budget (enforced per lane)
+    max_skipped: int | None = None  # with on_error = "skip": run-wide budget, split exactly over the lanes
     max_skipped_fraction: float | None = None
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # the per-record size limit: larger records are bad records
     kind: str = "text"  # "text", "image_text" (one image + caption) or "interleaved" (OBELICS-style)
     image_field: str | None = None  # image column (parquet image_text / interleaved)
 
@@ -79,6 +121,7 @@ class TokenizerSpec:
     add_eos: bool = True
     bos_token: str | None = None
     eos_token: str | None = None
+    special_tokens_in_text: bool = False  # opt-in: text like "<|eos|>" in a document becomes the special token
 
 
 @dataclass(frozen=True)
@@ -125,8 +168,11 @@ class WorkersSpec:
     vision: WorkerConfig | None = None
     vision_chunk_size: int = 8
 
-    def for_stage(self, stage: str, override: WorkerConfig | None = None) -> WorkerConfig:
-        """The workers of ``stage`` ("tokenize" or "vision"), ``override`` winning over all.
+    def for_stage(
+        self, stage: str, override: WorkerConfig | None = None, default: WorkerConfig | None = None
+    ) -> WorkerConfig:
+        """The workers of ``stage`` ("tokenize" or "vision"): ``override`` wins over all; then the
+        stage's own section; then ``default`` (a lane context's workers), else ``[workers]``.
 
         >>> w = WorkersSpec(WorkerConfig(2), vision=WorkerConfig(4, "process"))
         >>> w.for_stage("vision").count, w.for_stage("tokenize").count, w.for_stage("vision", WorkerConfig(0)).count
@@ -135,10 +181,27 @@ class WorkersSpec:
         if override is not None:
             return override
         if stage == "vision":
-            return self.vision or self.tokenize or self.default
-        if stage == "tokenize":
-            return self.tokenize or self.default
-        raise ValueError(f"unknown stage {stage!r}; expected 'tokenize' or 'vision'")
+            own = self.vision or self.tokenize
+        elif stage == "tokenize":
+            own = self.tokenize
+        else:
+            raise ValueError(f"unknown stage {stage!r}; expected 'tokenize' or 'vision'")
+        return own or default or self.default
+
+    def override(self, multimodal: bool, count: int | None = None, backend: str | None = None) -> WorkerConfig | None:
+        """The override a loader's own settings make (``--workers`` / ``--backend``, the TorchTitan
+        loader's ``workers`` / ``backend``): the recipe's workers for its main stage with ``count``
+        and ``backend`` replaced; None when neither is given, so the recipe's own settings apply.
+
+        >>> WorkersSpec(WorkerConfig(4, "process")).override(False, count=0)
+        WorkerConfig(count=0, backend='process', timeout_s=300.0, start_method='forkserver', shm_mb=None)
+        """
+        if count is None and backend is None:
+            return None
+        base = self.for_stage("vision" if multimodal else "tokenize")
+        return dataclasses.replace(
+            base, count=base.count if count is None else count, backend=base.backend if backend is None else backend
+        )
 
 
 @dataclass(frozen=True)
@@ -174,6 +237,15 @@ class RecipeSpec:
     workers: WorkersSpec = WorkersSpec()
     vision: VisionSpec = VisionSpec()
     cache_dir: str | None = None
+    #: how a finite recipe ends (every dataset ``policy = "stop"``): "pad" or "drop"; None for a
+    #: recipe that never ends (it has a "repeat" dataset)
+    end: str | None = None
+
+    @property
+    def finite(self) -> bool:
+        """Whether the data ends: every dataset has ``policy = "stop"`` (a "repeat" dataset
+        never runs out, and the lanes fall back to it)."""
+        return all(s.policy == "stop" for s in self.datasets)
 
     @property
     def rows_per_lane(self) -> int:
@@ -194,6 +266,9 @@ class RecipeSpec:
             if s.kind == "text":
                 for k in _MM_ONLY_KEYS:
                     d.pop(k)
+            for k, default in _OMITTED_AT_DEFAULT.items():
+                if d.get(k) == default:
+                    d.pop(k)  # keys added later: a recipe that leaves them alone keeps its fingerprint
             datasets.append(d)
         out = {
             "seed": self.seed,
@@ -209,11 +284,16 @@ class RecipeSpec:
         }
         if self.multimodal:
             out["vision"] = dataclasses.asdict(self.vision.config) | {"tokens": dict(self.vision.tokens)}
+        if self.end is not None:  # finite recipes only: the fingerprints of the others stay
+            out["end"] = self.end
         return out
 
 
 #: keys a text dataset's entry leaves out of the data definition (so text-only fingerprints stay)
 _MM_ONLY_KEYS = ("kind", "image_field")
+#: dataset keys left out of the data definition when they have their default value (so recipes
+#: written before the key existed keep their fingerprint, and their checkpoints resume)
+_OMITTED_AT_DEFAULT: Mapping[str, Any] = {"max_record_bytes": DEFAULT_MAX_RECORD_BYTES}
 
 DATASET_KEYS = [f.name for f in dataclasses.fields(DatasetSpec)]
 TOP_KEYS = [
@@ -231,6 +311,7 @@ TOP_KEYS = [
     "schedule",
     "tokenize",
     "vision",
+    "end",
 ]
 VISION_KEYS = [
     "patch_size",
@@ -270,11 +351,16 @@ def _table(section: str, value: Any) -> Mapping[str, Any]:
     return value
 
 
-def _int(section: str, key: str, value: Any, minimum: int) -> int:
+def _int(section: str, key: str, value: Any, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise RecipeError(f"recipe: {section}{key} must be an integer, got {value!r}")
     if value < minimum:
         raise RecipeError(f"recipe: {section}{key} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise RecipeError(
+            f"recipe: {section}{key} = {value} is above its limit of {maximum}: no run needs more, and it would "
+            f"hang or exhaust memory before the first batch. Use a value <= {maximum}"
+        )
     return value
 
 
@@ -294,7 +380,7 @@ def _bool(section: str, key: str, value: Any) -> bool:
     return value
 
 
-def _num(section: str, key: str, value: Any, positive: bool = False) -> float:
+def _num(section: str, key: str, value: Any, positive: bool = False, maximum: float | None = None) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
@@ -305,6 +391,8 @@ def _num(section: str, key: str, value: Any, positive: bool = False) -> float:
         raise RecipeError(
             f"recipe: {section}{key} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}"
         )
+    if maximum is not None and value > maximum:
+        raise RecipeError(f"recipe: {section}{key} = {value!r} is above its limit of {maximum:g}; use a smaller value")
     return float(value)
 
 
@@ -327,10 +415,10 @@ def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
                 f"recipe: missing required key {key!r}"
                 + (' (a [tokenizer] section with path = "...")' if key == "tokenizer" else "")
             )
-    seed = _int("", "seed", r["seed"], 0)
-    lanes = _int("", "lanes", r["lanes"], 1)
-    seq_len = _int("", "seq_len", r["seq_len"], 8)
-    global_batch_size = _int("", "global_batch_size", r["global_batch_size"], 1)
+    seed = _int("", "seed", r["seed"], 0, LIMITS["seed"])
+    lanes = _int("", "lanes", r["lanes"], 1, LIMITS["lanes"])
+    seq_len = _int("", "seq_len", r["seq_len"], 8, LIMITS["seq_len"])
+    global_batch_size = _int("", "global_batch_size", r["global_batch_size"], 1, LIMITS["global_batch_size"])
     if global_batch_size % lanes:
         lo = (global_batch_size // lanes) * lanes
         raise RecipeError(
@@ -338,12 +426,28 @@ def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
             f"lane contributes the same number of rows per step. Use global_batch_size = {lo or lanes} or "
             f"{lo + lanes}, or a lane count that divides {global_batch_size}."
         )
+    lane_tokens = (global_batch_size // lanes) * (seq_len + 1)
+    if lane_tokens > LIMITS["lane_tokens"]:
+        raise RecipeError(
+            f"recipe: global_batch_size / lanes x (seq_len + 1) = {global_batch_size // lanes} x {seq_len + 1} = "
+            f"{lane_tokens} tokens in one lane's micro-batch, above the limit of {LIMITS['lane_tokens']} (about "
+            f"{LIMITS['lane_tokens'] * 30 >> 20} MB); use more lanes, a smaller global_batch_size or seq_len"
+        )
     cache_dir = r.get("cache_dir")
     if cache_dir is not None:
         cache_dir = _path(base_dir, _str("", "cache_dir", cache_dir))
     datasets = _datasets(r["datasets"], base_dir)
+    end = _end(r.get("end"), datasets)
     vision = _vision(r.get("vision", {}))
     workers = _vision_workers(r.get("vision", {}), _workers(r))
+    shuffle = _shuffle(r.get("shuffle", {}))
+    held = shuffle.buffer * (seq_len + 1)
+    if held > LIMITS["shuffle_tokens"]:
+        raise RecipeError(
+            f"recipe: [shuffle].buffer x (seq_len + 1) = {shuffle.buffer} x {seq_len + 1} = {held} tokens held by "
+            f"each lane's shuffle window, above the limit of {LIMITS['shuffle_tokens']} (about "
+            f"{LIMITS['shuffle_tokens'] * 30 >> 30} GB per lane); use a smaller [shuffle].buffer"
+        )
     return RecipeSpec(
         seed=seed,
         lanes=lanes,
@@ -353,18 +457,34 @@ def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
         datasets=datasets,
         schedule=_schedule(r.get("schedule", []), datasets),
         pack=_pack(r.get("pack", {})),
-        shuffle=_shuffle(r.get("shuffle", {})),
+        shuffle=shuffle,
         mixing=_mixing(r.get("mixing", {}), seq_len),
         workers=workers,
         vision=vision,
         cache_dir=cache_dir,
+        end=end,
     )
+
+
+def _end(end: Any, datasets: Sequence[DatasetSpec]) -> str | None:
+    """The ``end`` key: how a finite recipe's last step is made (default "pad")."""
+    repeating = [s.name for s in datasets if s.policy != "stop"]
+    if end is None:
+        return None if repeating else "pad"
+    end = _str("", "end", end, END_MODES)
+    if repeating:
+        raise RecipeError(
+            f'recipe: end = {end!r} applies to a finite recipe (every dataset policy = "stop"), but dataset '
+            f'{repeating[0]!r} has policy = "repeat" and never runs out; set policy = "stop" on every dataset '
+            "or remove end"
+        )
+    return end
 
 
 def _tokenizer(tok: Any, base_dir: str) -> TokenizerSpec:
     if not isinstance(tok, dict):
         raise RecipeError('recipe: [tokenizer] must be a table with path = "..."')
-    _check_keys("[tokenizer]", tok, ["path", "add_bos", "add_eos", "bos_token", "eos_token"])
+    _check_keys("[tokenizer]", tok, ["path", "add_bos", "add_eos", "bos_token", "eos_token", "special_tokens_in_text"])
     if "path" not in tok:
         raise RecipeError('recipe: [tokenizer] needs path = "folder with tokenizer.json, or the file itself"')
     path = _path(base_dir, _str("[tokenizer].", "path", tok["path"]))
@@ -378,6 +498,9 @@ def _tokenizer(tok: Any, base_dir: str) -> TokenizerSpec:
         add_eos=_bool("[tokenizer].", "add_eos", tok.get("add_eos", True)),
         bos_token=tok.get("bos_token"),
         eos_token=tok.get("eos_token"),
+        special_tokens_in_text=_bool(
+            "[tokenizer].", "special_tokens_in_text", tok.get("special_tokens_in_text", False)
+        ),
     )
 
 
@@ -414,7 +537,7 @@ def _dataset(i: int, d: Any, base_dir: str) -> DatasetSpec:
     policy = _str(f"{where}.", "policy", d.get("policy", "repeat"), POLICIES)
     epochs = d.get("epochs")
     if epochs is not None:
-        epochs = _int(f"{where}.", "epochs", epochs, 1)
+        epochs = _int(f"{where}.", "epochs", epochs, 1, LIMITS["epochs"])
         if policy != "stop":
             raise RecipeError(
                 f'recipe: {where}.epochs only applies with policy = "stop" ("repeat" cycles forever); '
@@ -426,7 +549,7 @@ def _dataset(i: int, d: Any, base_dir: str) -> DatasetSpec:
     if (max_skipped is not None or max_frac is not None) and on_error != "skip":
         raise RecipeError(f'recipe: {where}: max_skipped / max_skipped_fraction only apply with on_error = "skip"')
     if max_skipped is not None:
-        max_skipped = _int(f"{where}.", "max_skipped", max_skipped, 0)
+        max_skipped = _int(f"{where}.", "max_skipped", max_skipped, 0, LIMITS["max_skipped"])
     if max_frac is not None:
         max_frac = _num(f"{where}.", "max_skipped_fraction", max_frac)
         if max_frac > 1:
@@ -458,12 +581,19 @@ def _dataset(i: int, d: Any, base_dir: str) -> DatasetSpec:
         format=_str(f"{where}.", "format", d.get("format", "auto"), fmt_choices),
         text_field=_str(f"{where}.", "text_field", d.get("text_field", text_default)),
         text_mode=_str(f"{where}.", "text_mode", d.get("text_mode", "line"), tuple(TEXT_MODES)),
-        weight=_num(f"{where}.", "weight", d.get("weight", 1.0)),
+        weight=_num(f"{where}.", "weight", d.get("weight", 1.0), maximum=LIMITS["weight"]),
         policy=policy,
         epochs=epochs,
         on_error=on_error,
         max_skipped=max_skipped,
         max_skipped_fraction=max_frac,
+        max_record_bytes=_int(
+            f"{where}.",
+            "max_record_bytes",
+            d.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
+            1,
+            LIMITS["max_record_bytes"],
+        ),
     )
 
 
@@ -472,15 +602,15 @@ def _pack(pack: Any) -> PackSpec:
     _check_keys("[pack]", pack, ["algorithm", "flush_every", "max_open"])
     return PackSpec(
         algorithm=_str("[pack].", "algorithm", pack.get("algorithm", "greedy"), ALGORITHMS),
-        flush_every=_int("[pack].", "flush_every", pack.get("flush_every", 512), 1),
-        max_open=_int("[pack].", "max_open", pack.get("max_open", 8), 1),
+        flush_every=_int("[pack].", "flush_every", pack.get("flush_every", 512), 1, LIMITS["flush_every"]),
+        max_open=_int("[pack].", "max_open", pack.get("max_open", 8), 1, LIMITS["max_open"]),
     )
 
 
 def _shuffle(shuffle: Any) -> ShuffleSpec:
     shuffle = _table("[shuffle]", shuffle)
     _check_keys("[shuffle]", shuffle, ["buffer"])
-    return ShuffleSpec(buffer=_int("[shuffle].", "buffer", shuffle.get("buffer", 1024), 1))
+    return ShuffleSpec(buffer=_int("[shuffle].", "buffer", shuffle.get("buffer", 1024), 1, LIMITS["buffer"]))
 
 
 def _mixing(mixing: Any, seq_len: int) -> MixingSpec:
@@ -488,10 +618,14 @@ def _mixing(mixing: Any, seq_len: int) -> MixingSpec:
     _check_keys("[mixing]", mixing, ["by", "estimate_samples", "split_tokens"])
     return MixingSpec(
         by=_str("[mixing].", "by", mixing.get("by", "tokens"), MIX_BY),
-        estimate_samples=_int("[mixing].", "estimate_samples", mixing.get("estimate_samples", 256), 1),
+        estimate_samples=_int(
+            "[mixing].", "estimate_samples", mixing.get("estimate_samples", 256), 1, LIMITS["estimate_samples"]
+        ),
         # documents estimated longer than this are planned as several parts, so a single huge
         # document cannot skew a lane's mix for long (0 = never split)
-        split_tokens=_int("[mixing].", "split_tokens", mixing.get("split_tokens", 4 * (seq_len + 1)), 0),
+        split_tokens=_int(
+            "[mixing].", "split_tokens", mixing.get("split_tokens", 4 * (seq_len + 1)), 0, LIMITS["split_tokens"]
+        ),
     )
 
 
@@ -503,9 +637,11 @@ def _workers(r: Mapping[str, Any]) -> WorkersSpec:
     shm = workers.get("shm_mb", "auto")
     try:
         default = WorkerConfig(
-            count=_int("[workers].", "count", workers.get("count", 0), 0),
+            count=_int("[workers].", "count", workers.get("count", 0), 0, max_workers()),
             backend=_str("[workers].", "backend", workers.get("backend", "thread"), BACKENDS),
-            timeout_s=_num("[workers].", "timeout_s", workers.get("timeout_s", 300.0), positive=True),
+            timeout_s=_num(
+                "[workers].", "timeout_s", workers.get("timeout_s", 300.0), positive=True, maximum=LIMITS["timeout_s"]
+            ),
             start_method=_str("[workers].", "start_method", workers.get("start_method", "forkserver")),
             shm_mb=None if shm == "auto" else _int("[workers].", "shm_mb", shm, 0),
         )
@@ -520,13 +656,13 @@ def _workers(r: Mapping[str, Any]) -> WorkersSpec:
     if tokw:
         tokenize = dataclasses.replace(
             default,
-            count=_int("[tokenize].", "workers", tokw.get("workers", default.count), 0),
+            count=_int("[tokenize].", "workers", tokw.get("workers", default.count), 0, max_workers()),
             backend=_str("[tokenize].", "backend", tokw.get("backend", default.backend), BACKENDS),
         )
     return WorkersSpec(
         default=default,
-        chunk_size=_int("[workers].", "chunk_size", workers.get("chunk_size", 32), 1),
-        prefetch=prefetch if prefetch == "auto" else _int("[workers].", "prefetch", prefetch, 0),
+        chunk_size=_int("[workers].", "chunk_size", workers.get("chunk_size", 32), 1, LIMITS["chunk_size"]),
+        prefetch=prefetch if prefetch == "auto" else _int("[workers].", "prefetch", prefetch, 0, LIMITS["prefetch"]),
         tokenize=tokenize,
     )
 
@@ -537,11 +673,13 @@ def _vision_workers(v: Mapping[str, Any], workers: WorkersSpec) -> WorkersSpec:
     if "workers" in v or "backend" in v:
         vision = dataclasses.replace(
             workers.default,
-            count=_int(sec, "workers", v.get("workers", workers.default.count), 0),
+            count=_int(sec, "workers", v.get("workers", workers.default.count), 0, max_workers()),
             backend=_str(sec, "backend", v.get("backend", workers.default.backend), BACKENDS),
         )
     return dataclasses.replace(
-        workers, vision=vision, vision_chunk_size=_int(sec, "chunk_size", v.get("chunk_size", 8), 1)
+        workers,
+        vision=vision,
+        vision_chunk_size=_int(sec, "chunk_size", v.get("chunk_size", 8), 1, LIMITS["vision_chunk_size"]),
     )
 
 
@@ -552,11 +690,17 @@ def _vision(v: Any) -> VisionSpec:
     _check_keys("[vision]", v, VISION_KEYS)
     d = VisionConfig()
     sec = "[vision]."
-    patch = _int(sec, "patch_size", v.get("patch_size", d.patch_size), 1)
-    merge = _int(sec, "merge_size", v.get("merge_size", d.merge_size), 1)
-    tps = _int(sec, "temporal_patch_size", v.get("temporal_patch_size", d.temporal_patch_size), 1)
-    min_px = _int(sec, "min_pixels", v.get("min_pixels", d.min_pixels), 1)
-    max_px = _int(sec, "max_pixels", v.get("max_pixels", d.max_pixels), 1)
+    patch = _int(sec, "patch_size", v.get("patch_size", d.patch_size), 1, LIMITS["patch_size"])
+    merge = _int(sec, "merge_size", v.get("merge_size", d.merge_size), 1, LIMITS["merge_size"])
+    tps = _int(
+        sec,
+        "temporal_patch_size",
+        v.get("temporal_patch_size", d.temporal_patch_size),
+        1,
+        LIMITS["temporal_patch_size"],
+    )
+    min_px = _int(sec, "min_pixels", v.get("min_pixels", d.min_pixels), 1, LIMITS["pixels"])
+    max_px = _int(sec, "max_pixels", v.get("max_pixels", d.max_pixels), 1, LIMITS["pixels"])
     factor = patch * merge
     if max_px < factor * factor:
         raise RecipeError(
@@ -587,11 +731,15 @@ def _vision(v: Any) -> VisionSpec:
         max_pixels=max_px,
         mean=triple("mean", d.mean, False),
         std=triple("std", d.std, True),
-        max_image_pixels=_int(sec, "max_image_pixels", v.get("max_image_pixels", d.max_image_pixels), 1),
-        max_images_per_batch=_int(
-            sec, "max_images_per_batch", v.get("max_images_per_batch", d.max_images_per_batch), 1
+        max_image_pixels=_int(
+            sec, "max_image_pixels", v.get("max_image_pixels", d.max_image_pixels), 1, LIMITS["pixels"]
         ),
-        max_images_per_row=_int(sec, "max_images_per_row", v.get("max_images_per_row", d.max_images_per_row), 0),
+        max_images_per_batch=_int(
+            sec, "max_images_per_batch", v.get("max_images_per_batch", d.max_images_per_batch), 1, LIMITS["images"]
+        ),
+        max_images_per_row=_int(
+            sec, "max_images_per_row", v.get("max_images_per_row", d.max_images_per_row), 0, LIMITS["images"]
+        ),
         mrope=_bool(sec, "mrope", v.get("mrope", d.mrope)),
     )
     tokens = {
@@ -613,13 +761,13 @@ def _schedule(sched: Any, datasets: Sequence[DatasetSpec]) -> WeightSchedule:
         if not isinstance(ph, dict):
             raise RecipeError(f"recipe: {where} must be a table")
         _check_keys(where, ph, ["step", "weights"])
-        step = _int(f"{where}.", "step", ph.get("step"), 1) if "step" in ph else None
+        step = _int(f"{where}.", "step", ph.get("step"), 1, LIMITS["step"]) if "step" in ph else None
         if step is None or "weights" not in ph or not isinstance(ph["weights"], dict):
             raise RecipeError(f"recipe: {where} needs step = N and weights = {{ {names[0]} = 0.5, ... }}")
         unknown = [k for k in ph["weights"] if k not in names]
         if unknown:
             raise RecipeError(f"recipe: {where}.weights names unknown dataset {unknown[0]!r}; datasets are {names}")
-        w = [_num(f"{where}.weights.", n, ph["weights"].get(n, 0.0)) for n in names]
+        w = [_num(f"{where}.weights.", n, ph["weights"].get(n, 0.0), maximum=LIMITS["weight"]) for n in names]
         if step <= phases[-1][0]:
             raise RecipeError(
                 f"recipe: {where}.step = {step} must be larger than the previous phase's step {phases[-1][0]}"

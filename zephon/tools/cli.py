@@ -1,4 +1,4 @@
-"""The ``zephon`` command line: ``demo``, ``hashes``, ``inspect``.
+"""The ``zephon`` command line: ``demo``, ``hashes``, ``inspect``, ``ledger``.
 
 Each command is also a function here, so a notebook or a test can call it without a shell.
 """
@@ -6,10 +6,13 @@ Each command is also a function here, so a notebook or a test can call it withou
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
+import traceback
 from typing import Any
 
 import numpy as np
@@ -26,23 +29,45 @@ from zephon.engine import (
     load_state,
     save_state,
 )
-from zephon.recipe import Recipe, RecipeError
+from zephon.recipe import Recipe, RecipeError, max_workers
 
 from .demo import demo_recipe
 from .display import describe_plan, format_batch_rows, format_row
+from .ledger import run_ledger_diff, run_ledger_show
 
 __all__ = ["main", "run_hashes"]
 
 STATE_FILE = "zephon_state.json"
 
 
+class Terminated(SystemExit):
+    """Raised in the main thread by SIGTERM (a scheduler's preemption): the ``with`` blocks
+    unwind, so every worker pool is closed, and ``zephon`` exits with 143 (128 + 15)."""
+
+    def __init__(self) -> None:
+        super().__init__(143)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _state_file(resume: str) -> str:
+    """The state file ``--resume`` names (a folder written by --save-at, or the file itself),
+    refused with a message when it is not there."""
+    path = os.path.join(resume, STATE_FILE) if os.path.isdir(resume) else resume
+    if not os.path.exists(resume):
+        raise ValueError(f"--resume {resume!r} does not exist; give the folder that --save-at N --checkpoint DIR wrote")
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"--resume {resume!r} has no {STATE_FILE}; it is written by `zephon hashes ... --save-at N --checkpoint DIR`"
+        )
+    return path
+
+
 def _workers(recipe: Recipe, count: int | None, backend: str | None) -> WorkerConfig | None:
-    """The ``--workers`` / ``--backend`` override: it reaches every pool of the recipe (text and
-    image stages alike); None when neither flag is given, so the recipe's own settings apply."""
-    if count is None and backend is None:
-        return None
-    base = recipe.spec.workers.for_stage("vision" if recipe.multimodal else "tokenize")
-    return dataclasses.replace(base, count=base.count if count is None else count, backend=backend or base.backend)
+    """``--workers`` / ``--backend``: they reach every pool of the recipe (see ``WorkersSpec.override``)."""
+    return recipe.spec.workers.override(recipe.multimodal, count, backend)
 
 
 def run_hashes(
@@ -55,11 +80,16 @@ def run_hashes(
     checkpoint: str | None = None,
     resume: str | None = None,
     out: Any = None,
+    digest: str = "batch",
+    err: Any = None,
 ) -> list[str]:
     """Print ``step <t> <sha256>`` for each global batch; optionally save or resume lane-keyed state.
 
     Why: comparing these lines between runs on different world sizes (or after a resume) is the
-    end-to-end check of elastic determinism.
+    end-to-end check of elastic determinism. ``digest="batch"``: :func:`zephon.batch_sha256` of
+    the global batch; ``"ledger"``: the digest a run's batch ledger records for the step
+    (:func:`zephon.engine.ledger_digest` of the lanes' digests). A finite recipe that ends
+    before ``steps`` prints every step there is and says on ``err`` (stderr) where it ended.
 
     >>> import io, tempfile
     >>> from zephon.tools.demo import demo_recipe
@@ -70,15 +100,36 @@ def run_hashes(
     (True, True)
     """
     out = sys.stdout if out is None else out  # looked up per call (redirected stdout, doctest)
+    err = sys.stderr if err is None else err
+    if digest not in ("batch", "ledger"):
+        raise ValueError(f"digest must be 'batch' or 'ledger', got {digest!r}")
     hashes = []
-    with recipe.global_loader(world_size, workers=workers) as g:
+    state = load_state(_state_file(resume), lanes=recipe.lanes) if resume else None
+    with recipe.global_loader(world_size, workers=workers, digests=digest == "ledger") as g:
         start = 0
-        if resume:
-            state = load_state(os.path.join(resume, STATE_FILE) if os.path.isdir(resume) else resume)
+        if state is not None:
             g.load_state_dict(state)
-            start = int(state["step"])
+            start = g.routers[0].step
+        if save_at is not None and not start < save_at <= start + steps:
+            raise ValueError(
+                f"--save-at {save_at} is not one of the steps this run computes ({start + 1}..{start + steps}): "
+                "nothing would be saved; give a step in that range"
+            )
         for t in range(start, start + steps):
-            h = batch_sha256(next(g))
+            try:
+                batch = next(g)
+            except StopIteration:
+                shown = f"printed steps {start}..{t - 1}" if t > start else "printed no step"
+                print(
+                    f"zephon hashes: {g.end.describe() if g.end else 'the data ended'}; {shown} "
+                    f"of the {steps} asked for (steps {start}..{start + steps - 1})",
+                    file=err,
+                    flush=True,
+                )
+                if save_at is not None and save_at > t:
+                    print(f"zephon hashes: no state saved: the data ended before step {save_at}", file=err)
+                break
+            h = g.step_digest() if digest == "ledger" else batch_sha256(batch)
             hashes.append(h)
             print(f"step {t} {h}", file=out, flush=True)
             if save_at is not None and checkpoint is not None and t + 1 == save_at:
@@ -139,69 +190,180 @@ def main(argv: list[str] | None = None) -> int:
     step 0 ...
     0
     """
-    parser = argparse.ArgumentParser(prog="zephon", description="Elastically deterministic data loading.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug", action="store_true", help="on an error, print the tracebacks too (or set ZEPHON_DEBUG=1)"
+    )
+    parser = argparse.ArgumentParser(
+        prog="zephon", description="Elastically deterministic data loading.", parents=[common]
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="run the bundled demo offline: decoded rows and hashes across world sizes")
+    d = sub.add_parser(
+        "demo", help="run the bundled demo offline: decoded rows and hashes across world sizes", parents=[common]
+    )
     d.add_argument("--root", default=None, help="where to generate the demo data (default ~/.cache/zephon/demo)")
-    d.add_argument("--steps", type=int, default=6)
-    h = sub.add_parser("hashes", help="print `step <t> <sha256>` of every global batch")
+    d.add_argument("--steps", type=_positive, default=6)
+    h = sub.add_parser("hashes", help="print `step <t> <sha256>` of every global batch", parents=[common])
     h.add_argument("recipe")
-    h.add_argument("--world-size", type=int, default=1)
-    h.add_argument("--steps", type=int, default=10)
-    h.add_argument("--workers", type=int, default=None)
+    h.add_argument("--world-size", type=_positive, default=1)
+    h.add_argument("--steps", type=_positive, default=10)
+    h.add_argument("--workers", type=_count, default=None)
     h.add_argument("--backend", choices=["thread", "process"], default=None)
-    h.add_argument("--save-at", type=int, default=None, help="save the lane-keyed state after this step")
+    h.add_argument("--save-at", type=_positive, default=None, help="save the lane-keyed state after this step")
     h.add_argument("--checkpoint", default=None, help="folder for --save-at")
     h.add_argument("--resume", default=None, help="folder (or file) written by --save-at; any valid world size")
-    i = sub.add_parser("inspect", help="show the plan: datasets, token shares, lanes; --show N decoded rows")
+    h.add_argument(
+        "--digest",
+        choices=["batch", "ledger"],
+        default="batch",
+        help="batch: sha256 of the global batch; ledger: the digest a run's batch ledger records (zephon ledger)",
+    )
+    i = sub.add_parser(
+        "inspect", help="show the plan: datasets, token shares, lanes; --show N decoded rows", parents=[common]
+    )
     i.add_argument("recipe")
-    i.add_argument("--show", type=int, default=0)
-    i.add_argument("--world-size", type=int, default=None)
-    i.add_argument("--measure-steps", type=int, default=4, help="steps run to measure packing efficiency")
+    i.add_argument("--show", type=_count, default=0)
+    i.add_argument("--world-size", type=_positive, default=None)
+    i.add_argument("--measure-steps", type=_positive, default=4, help="steps run to measure packing efficiency")
+    led = sub.add_parser("ledger", help="batch ledgers: what a run consumed, per step (show, diff)", parents=[common])
+    lsub = led.add_subparsers(dest="ledger_cmd", required=True)
+    ls = lsub.add_parser(
+        "show", help="print `step <t> <digest>` per global batch of a ledger (as hashes --digest ledger)"
+    )
+    ls.add_argument("ledger", help="a run's dump folder, or its zephon_ledger/ folder")
+    ld = lsub.add_parser(
+        "diff", help="compare two ledgers, a ledger and a recipe, or two recipes: first differing step, lanes, data"
+    )
+    ld.add_argument("a", help="ledger folder, dump folder or recipe .toml")
+    ld.add_argument("b", help="ledger folder, dump folder or recipe .toml")
+    ld.add_argument(
+        "--steps", type=_positive, default=None, help="compare global batches 0..N-1 (two recipes: default 100)"
+    )
+    ld.add_argument(
+        "--world-size", type=_positive, default=1, help="ranks a recipe side is computed with (never changes it)"
+    )
+    ld.add_argument(
+        "--recipe-a", default=None, help="recipe of ledger A, to name documents (default: the one it names)"
+    )
+    ld.add_argument("--recipe-b", default=None, help="recipe of ledger B")
     args = parser.parse_args(argv)
+    debug = bool(getattr(args, "debug", False)) or os.environ.get("ZEPHON_DEBUG", "") not in ("", "0")
 
+    # SIGTERM (a scheduler's preemption) unwinds like Ctrl-C: pools closed, nothing left behind
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        if args.cmd == "demo":
-            return _demo(args)
-        recipe = Recipe.from_toml(args.recipe)
-        if args.cmd == "hashes":
-            if (args.save_at is None) != (args.checkpoint is None):
-                parser.error("--save-at and --checkpoint go together")
-            check_world_size(recipe.lanes, args.world_size)
-            run_hashes(
-                recipe,
-                world_size=args.world_size,
-                steps=args.steps,
-                workers=_workers(recipe, args.workers, args.backend),
-                save_at=args.save_at,
-                checkpoint=args.checkpoint,
-                resume=args.resume,
-            )
-            return 0
-        if args.cmd == "inspect":
-            print(describe_plan(recipe, args.world_size))
-            recipe.prepare()
-            names = [d.name for d in recipe.datasets]
-            with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
-                batches = [next(g) for _ in range(args.measure_steps)]
-            valid = sum(int((b["document_ids"] >= 0).sum()) for b in batches)
-            total = sum(b["document_ids"].size for b in batches)
-            per_ds = np.bincount(
-                np.concatenate([b["dataset"][b["dataset"] >= 0].ravel() for b in batches]), minlength=len(names)
-            ) / max(valid, 1)
-            print(
-                f"packing efficiency over the first {len(batches)} steps: {valid / max(total, 1):.2%} non-padding tokens; "
-                "realized token shares: " + ", ".join(f"{n} {s:.3f}" for n, s in zip(names, per_ds))
-            )
-            if args.show:
-                b = batches[0]
-                print()
-                for line in format_batch_rows(recipe, b, args.show, width=2000):
-                    print(line)
-            return 0
-    except (RecipeError, StateError, DataError, PipelineError, ValueError) as e:
+        return _run(parser, args)
+    except Terminated:
+        print(f"zephon {args.cmd}: terminated (SIGTERM); workers stopped", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print(f"zephon {args.cmd}: interrupted; workers stopped", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader of our output went away (`zephon hashes ... | head`): quietly
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except (RecipeError, StateError, DataError, PipelineError, ValueError, OSError) as e:
+        if debug:
+            traceback.print_exc()
+        tb = str(getattr(e, "worker_traceback", "") or "")
+        if debug and tb:
+            print("worker traceback:\n" + tb, file=sys.stderr)
         print(f"zephon {args.cmd}: error: {e}", file=sys.stderr)
+        if not debug and tb:
+            print("(run with --debug or ZEPHON_DEBUG=1 for the worker's traceback)", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
+def _count(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.cmd == "demo":
+        return _demo(args)
+    if args.cmd == "ledger":
+        if args.ledger_cmd == "show":
+            return run_ledger_show(args.ledger)
+        return run_ledger_diff(
+            args.a,
+            args.b,
+            steps=args.steps,
+            world_size=args.world_size,
+            recipe_a=args.recipe_a,
+            recipe_b=args.recipe_b,
+        )
+    recipe = Recipe.from_toml(args.recipe)
+    if args.cmd == "hashes":
+        if (args.save_at is None) != (args.checkpoint is None):
+            parser.error("--save-at and --checkpoint go together")
+        if args.checkpoint is not None and os.path.exists(args.checkpoint) and not os.path.isdir(args.checkpoint):
+            raise ValueError(f"--checkpoint {args.checkpoint!r} is a file; name a folder (it is created if missing)")
+        if args.resume is not None:
+            _state_file(args.resume)  # before anything is prepared
+        elif args.save_at is not None and args.save_at > args.steps:
+            raise ValueError(
+                f"--save-at {args.save_at} is past the last step this run computes ({args.steps}): nothing would "
+                f"be saved; use --save-at <= --steps"
+            )
+        if args.workers is not None and args.workers > max_workers():
+            raise ValueError(f"--workers {args.workers} is above the limit of {max_workers()} (4 x CPUs, at least 64)")
+        check_world_size(recipe.lanes, args.world_size)
+        run_hashes(
+            recipe,
+            world_size=args.world_size,
+            steps=args.steps,
+            workers=_workers(recipe, args.workers, args.backend),
+            save_at=args.save_at,
+            checkpoint=args.checkpoint,
+            resume=args.resume,
+            digest=args.digest,
+        )
+        return 0
+    if args.cmd == "inspect":
+        print(describe_plan(recipe, args.world_size))
+        recipe.prepare()
+        names = [d.name for d in recipe.datasets]
+        with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
+            batches = [next(g) for _ in range(args.measure_steps)]
+        valid = sum(int((b["document_ids"] >= 0).sum()) for b in batches)
+        total = sum(b["document_ids"].size for b in batches)
+        per_ds = np.bincount(
+            np.concatenate([b["dataset"][b["dataset"] >= 0].ravel() for b in batches]), minlength=len(names)
+        ) / max(valid, 1)
+        print(
+            f"packing efficiency over the first {len(batches)} steps: {valid / max(total, 1):.2%} non-padding tokens; "
+            "realized token shares: " + ", ".join(f"{n} {s:.3f}" for n, s in zip(names, per_ds))
+        )
+        if args.show:
+            b = batches[0]
+            print()
+            for line in format_batch_rows(recipe, b, args.show, width=2000):
+                print(line)
+        return 0
     return 2
 
 

@@ -140,13 +140,12 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
     out = []
     for j, entry in enumerate(prov):
         e = Provenance(*(int(v) for v in entry))
-        d, shard, record, epoch, t0, t1 = e.dataset, e.shard, e.record, e.epoch, e.tok_start, e.tok_end
-        rowpos = (int(segs[j][0]), int(segs[j][0]) + t1 - t0) if j < len(segs) else None
-        kind = recipe.datasets[d].kind
+        rowpos = (int(segs[j][0]), int(segs[j][0]) + e.tok_end - e.tok_start) if j < len(segs) else None
+        kind = recipe.datasets[e.dataset].kind
         if kind == "text":
-            out.append(_text_provenance(recipe, p, d, shard, record, epoch, t0, t1, rowpos))
+            out.append(_text_provenance(recipe, p, e, rowpos))
         else:
-            out.append(_mm_provenance(recipe, p, kind, d, shard, record, epoch, t0, t1, rowpos, blocks))
+            out.append(_mm_provenance(recipe, p, kind, e, rowpos, blocks))
     return out
 
 
@@ -161,17 +160,8 @@ def _covered(tok: Any, text: str, k0: int, k1: int) -> tuple[tuple[int, int], tu
     return chars, (b0, b0 + len(text[chars[0] : chars[1]].encode("utf-8")))
 
 
-def _text_provenance(
-    recipe: Any,
-    p: Any,
-    d: int,
-    shard: int,
-    record: int,
-    epoch: int,
-    t0: int,
-    t1: int,
-    rowpos: tuple[int, int] | None,
-) -> dict[str, Any]:
+def _text_provenance(recipe: Any, p: Any, e: Provenance, rowpos: tuple[int, int] | None) -> dict[str, Any]:
+    d, shard, record, epoch, t0, t1 = e
     tok = p.tokenizer
     ix = p.indexes[d]
     text = ix.read(shard, [record])[0]
@@ -204,20 +194,11 @@ def _text_provenance(
 
 
 def _mm_provenance(
-    recipe: Any,
-    p: Any,
-    kind: str,
-    d: int,
-    shard: int,
-    record: int,
-    epoch: int,
-    t0: int,
-    t1: int,
-    rowpos: tuple[int, int] | None,
-    blocks: Sequence[dict[str, Any]],
+    recipe: Any, p: Any, kind: str, e: Provenance, rowpos: tuple[int, int] | None, blocks: Sequence[dict[str, Any]]
 ) -> dict[str, Any]:
     """An image-text sample's provenance: the sample's layout (BOS, text, vision blocks, EOS, as
     :class:`zephon.nodes.FetchVision` builds it) re-derived from the re-read record."""
+    d, shard, record, epoch, t0, t1 = e
     tok = p.tokenizer
     ix = p.indexes[d]
     rec = ix.read(shard, [record])[0]

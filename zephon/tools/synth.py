@@ -832,7 +832,8 @@ def write_parquet(
 
     path, tmp = _atomic_target(path)
     table = pa.table({text_field: pa.array(docs, type=pa.string()), "id": pa.array(range(len(docs)), type=pa.int64())})
-    pq.write_table(table, tmp, row_group_size=max(1, int(row_group_size)))
+    # page checksums: zephon verifies them on read, so a corrupted page is refused, not trained on
+    pq.write_table(table, tmp, row_group_size=max(1, int(row_group_size)), write_page_checksum=True)
     os.replace(tmp, path)
     return path
 
@@ -1103,7 +1104,8 @@ def write_image_parquet(
     table = pa.table(
         {image_field: col, text_field: pa.array([smp.get("caption") for smp in samples], type=pa.string())}
     )
-    pq.write_table(table, tmp, row_group_size=max(1, int(row_group_size)))
+    # page checksums: zephon verifies them on read, so a corrupted page is refused, not trained on
+    pq.write_table(table, tmp, row_group_size=max(1, int(row_group_size)), write_page_checksum=True)
     os.replace(tmp, path)
     return path
 
@@ -1120,7 +1122,8 @@ def write_interleaved_parquet(path: str | os.PathLike, docs: list[dict], row_gro
             "images": pa.array([d["images"] for d in docs], type=pa.list_(pa.binary())),
         }
     )
-    pq.write_table(table, tmp, row_group_size=max(1, int(row_group_size)))
+    # page checksums: zephon verifies them on read, so a corrupted page is refused, not trained on
+    pq.write_table(table, tmp, row_group_size=max(1, int(row_group_size)), write_page_checksum=True)
     os.replace(tmp, path)
     return path
 

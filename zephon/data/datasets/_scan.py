@@ -87,11 +87,28 @@ class LineScanner:
     terminator and a trailing ``\\r`` excluded; a leading UTF-8 BOM on the first line excluded),
     plus a sparse map from record index to physical line number (``gap_rec``/``gap_cum``:
     from record ``gap_rec[k]`` on, ``gap_cum[k]`` blank lines precede the record).
+
+    Linear in the stream's length whatever its lines' lengths: each chunk is searched for
+    newlines once, and a line longer than ``carry_limit`` bytes is followed by its metadata
+    alone (start, length, whether it is all whitespace, last byte), so a line without a newline
+    for a gigabyte neither copies nor holds it.
+
+    >>> sc = LineScanner(carry_limit=4)
+    >>> for chunk in (b"ab\\n\\n  \\nlong", b"er line\\r\\nx"):
+    ...     sc.feed(chunk)
+    >>> a = sc.finish(); a["offsets"].tolist(), a["lengths"].tolist()
+    ([0, 7, 20], [2, 11, 1])
     """
 
-    def __init__(self) -> None:
+    def __init__(self, carry_limit: int = 1 << 20) -> None:
+        self.carry_limit = carry_limit
         self._carry = b""
         self._base = 0  # stream offset of the first byte of _carry
+        self._long = False  # the line in progress is longer than carry_limit: metadata only
+        self._long_len = 0
+        self._long_ws = True
+        self._long_last = -1
+        self._long_bom = False
         self._offs: list[np.ndarray] = []
         self._lens: list[np.ndarray] = []
         self._gap_rec: list[np.ndarray] = []
@@ -104,23 +121,58 @@ class LineScanner:
 
     def feed(self, chunk: bytes) -> None:
         self.total += len(chunk)
+        if self._long:
+            arr = np.frombuffer(chunk, dtype=np.uint8)
+            nl = np.flatnonzero(arr == 10)
+            if nl.size == 0:
+                self._extend_long(arr)
+                return
+            first_nl = int(nl[0])
+            self._extend_long(arr[:first_nl])
+            self._end_long()
+            chunk = chunk[first_nl + 1 :]
         buf = self._carry + chunk if self._carry else chunk
         arr = np.frombuffer(buf, dtype=np.uint8)
         nl = np.flatnonzero(arr == 10)
-        if nl.size == 0:
-            self._carry = buf
-            return
-        ends = nl.astype(np.int64)
-        starts = np.empty_like(ends)
-        starts[0] = 0
-        starts[1:] = ends[:-1] + 1
-        self._process(buf, arr, starts, ends)
-        cut = int(ends[-1]) + 1
-        self._carry = buf[cut:]
-        self._base += cut
+        if nl.size:
+            ends = nl.astype(np.int64)
+            starts = np.empty_like(ends)
+            starts[0] = 0
+            starts[1:] = ends[:-1] + 1
+            self._process(buf, arr, starts, ends)
+            cut = int(ends[-1]) + 1
+            buf, arr = buf[cut:], arr[cut:]
+            self._base += cut
+        if len(buf) > max(self.carry_limit, 3):  # the line in progress is long: keep its metadata only
+            self._long = True
+            self._long_bom = self._first and self._base == 0 and buf[:3] == BOM
+            self._long_len = 0
+            self._long_ws = True
+            self._long_last = -1
+            self._extend_long(arr[3:] if self._long_bom else arr)
+            self._carry = b""
+        else:
+            self._carry = bytes(buf)
+
+    def _extend_long(self, arr: np.ndarray) -> None:
+        if arr.size:
+            self._long_len += int(arr.size)
+            self._long_ws = self._long_ws and bool(_WS[arr].all())
+            self._long_last = int(arr[-1])
+
+    def _end_long(self) -> None:
+        """The long line in progress ended (a newline, or the end of the stream): record it."""
+        start = self._base + (3 if self._long_bom else 0)
+        length = self._long_len - (1 if self._long_last == 13 else 0)
+        self._first = False
+        self._record(np.array([start], np.int64), np.array([length], np.int64), np.array([not self._long_ws]))
+        self._base = start + self._long_len + 1  # stream offset after its newline
+        self._long = False
 
     def finish(self) -> dict[str, np.ndarray]:
-        if self._carry:
+        if self._long:
+            self._end_long()
+        elif self._carry:
             buf = self._carry
             arr = np.frombuffer(buf, dtype=np.uint8)
             self._process(buf, arr, np.zeros(1, np.int64), np.full(1, len(buf), np.int64))
@@ -139,9 +191,9 @@ class LineScanner:
     def _process(self, buf: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
         if self._first:
             self._first = False
-            if buf[:3] == BOM:
+            if self._base == 0 and buf[:3] == BOM:
                 starts = starts.copy()
-                starts[0] = 3
+                starts[0] = min(3, int(ends[0]))
         lens = ends - starts
         nz = lens > 0
         if nz.any():
@@ -157,6 +209,10 @@ class LineScanner:
             for j in np.flatnonzero(nz & _WS[first]):  # rare: lines starting with whitespace
                 if buf[starts[j] : ends[j]].isspace():
                     nonblank[j] = False
+        self._record(starts + self._base, lens, nonblank)
+
+    def _record(self, starts: np.ndarray, lens: np.ndarray, nonblank: np.ndarray) -> None:
+        """Book lines (absolute start offsets, lengths, whether each is a record)."""
         cumblank = np.cumsum(~nonblank, dtype=np.int64) + self._blanks
         rec_lines = np.flatnonzero(nonblank)
         if rec_lines.size:
@@ -166,7 +222,7 @@ class LineScanner:
                 self._gap_rec.append(changes + self._nrec)
                 self._gap_cum.append(bb[changes])
             self._last_bb = int(bb[-1])
-            self._offs.append(starts[rec_lines] + self._base)
+            self._offs.append(starts[rec_lines])
             self._lens.append(lens[rec_lines])
             self._nrec += rec_lines.size
         if cumblank.size:

@@ -30,6 +30,9 @@ class DataError(Exception):
     are also available as attributes.
     """
 
+    #: the message is for the user as it is (a worker's traceback adds nothing to it)
+    user_error = True
+
     def __init__(
         self,
         reason: str,

@@ -28,9 +28,24 @@ from fsspec.implementations.local import LocalFileSystem
 from ._scan import BOM, LRU, CompressionError, LineScanner, iter_decompressed, line_number
 from .errors import BadRecord, DataError
 
-__all__ = ["FORMATS", "TEXT_MODES", "DatasetIndex", "ShardMeta", "index_dataset", "resolve_files"]
+__all__ = [
+    "DEFAULT_MAX_RECORD_BYTES",
+    "FORMATS",
+    "TEXT_MODES",
+    "DatasetIndex",
+    "ShardMeta",
+    "default_cache_dir",
+    "index_dataset",
+    "resolve_files",
+]
 
 FORMATS = ("jsonl", "parquet", "text", "arrow")
+#: the per-record size limit unless a recipe sets max_record_bytes: larger records are bad records
+#: (an error naming file and line, or a counted skip), read neither at indexing nor at run time
+DEFAULT_MAX_RECORD_BYTES = 32 << 20
+#: an Arrow IPC stream ends with this end-of-stream marker (continuation token, length 0); a file
+#: cut at a message boundary reads as a shorter valid stream without it
+_ARROW_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 TEXT_MODES = ("line", "file")
 CACHE_FORMAT_VERSION = 1
 _ARRAY_KEYS = ("offsets", "lengths", "gap_rec", "gap_cum", "groups")
@@ -114,9 +129,14 @@ def _version_of(info: dict) -> str:
     return ""
 
 
-def _default_cache_dir() -> str:
+def default_cache_dir() -> str:
+    """Where dataset indexes (and a finite recipe's per-lane step counts) are cached when a
+    recipe sets no ``cache_dir``: ``$ZEPHON_CACHE_DIR``, else ``~/.cache/zephon/index``."""
     env = os.environ.get("ZEPHON_CACHE_DIR")
     return env if env else os.path.join(os.path.expanduser("~"), ".cache", "zephon", "index")
+
+
+_default_cache_dir = default_cache_dir
 
 
 def _cache_key(url: str, fmt: str, text_field: str, text_mode: str) -> str:
@@ -355,7 +375,7 @@ def _arrow_folder(name, fs, folder, fmt, disp):
         ) from None
     out = []
     for fn in names:
-        fp = f"{base}/{fn}"
+        fp = _confined(name, fs, base, fn, disp)
         try:
             info = fs.info(fp)
         except FileNotFoundError:
@@ -367,6 +387,33 @@ def _arrow_folder(name, fs, folder, fmt, disp):
             ) from None
         out.append((fs, fp, info, "arrow"))
     return out
+
+
+def _confined(name: str, fs, base: str, fn: str, disp) -> str:
+    """The path of a file that a folder's ``state.json`` lists, refused unless it lies inside the
+    folder: no absolute name, no ``..``, and (local folders) no symlink resolving outside it. A
+    dataset folder cannot make zephon read files elsewhere on the machine."""
+    parts = fn.replace("\\", "/").split("/")
+    if fn.startswith(("/", "\\")) or "://" in fn or (len(fn) > 1 and fn[1] == ":") or ".." in parts:
+        raise DataError(
+            f"state.json lists {fn!r}, which is outside the dataset folder (absolute, or with '..')",
+            dataset=name,
+            file=disp(base + "/state.json"),
+            fix="A save_to_disk folder lists its own files by bare name; re-save the dataset, or point path at "
+            "the .arrow files themselves.",
+        )
+    fp = f"{base}/{fn}"
+    if isinstance(fs, LocalFileSystem):
+        root = os.path.realpath(base)
+        real = os.path.realpath(fp)
+        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+            raise DataError(
+                f"state.json lists {fn!r}, which resolves to {real!r}, outside the dataset folder (a symlink?)",
+                dataset=name,
+                file=disp(base + "/state.json"),
+                fix="Copy the file into the dataset folder instead of linking it, or point path at the files.",
+            )
+    return fp
 
 
 def _pick_format(name: str, files, fmt: str) -> tuple[str, list[str | None]]:
@@ -436,8 +483,12 @@ class DatasetIndex:
         cache_dir: str | None,
         arrays: dict[int, dict[str, np.ndarray]],
         cached: list[bool],
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> None:
         self.name = name
+        # records larger than this read back as BadRecord, without being read (not part of the
+        # cached metadata: the index records every record's true size)
+        self.max_record_bytes = int(max_record_bytes)
         self.format = format
         self.text_field = text_field
         self.text_mode = text_mode
@@ -682,7 +733,9 @@ class DatasetIndex:
         fh = None if sp.local else self._open(s)
         try:
             try:
-                pf = pq.ParquetFile(sp.fspath if sp.local else fh, metadata=metadata)
+                # pages written with a CRC are verified (a corrupted page raises instead of being
+                # trained on); pages without one cannot be
+                pf = pq.ParquetFile(sp.fspath if sp.local else fh, metadata=metadata, page_checksum_verification=True)
             except (FileNotFoundError, PermissionError) as e:
                 raise self._io_error(s, e, "reading") from None
             except (pa.ArrowException, OSError) as e:
@@ -737,9 +790,9 @@ class DatasetIndex:
                 raise self._io_error(s, e, "reading") from None
             raise
         try:
-            return pa.ipc.open_stream(src)
+            reader = pa.ipc.open_stream(src)
         except pa.ArrowInvalid:
-            try:  # a standalone .arrow file may use the IPC *file* format
+            try:  # a standalone .arrow file may use the IPC *file* format (its footer is checked)
                 src.seek(0)
                 return pa.ipc.open_file(src)
             except pa.ArrowInvalid as e:
@@ -748,6 +801,18 @@ class DatasetIndex:
                     f"not a valid Arrow IPC stream or file: {e}",
                     "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
                 ) from None
+        # a stream cut at a message boundary reads as a valid, shorter one: it must end with the
+        # end-of-stream marker (or the 4 zero bytes of the pre-1.0 format)
+        size = src.size()
+        tail = bytes(src.read_at(min(8, size), max(0, size - 8))) if size else b""
+        if tail != _ARROW_EOS and tail[-4:] != b"\x00\x00\x00\x00":
+            raise self._err(
+                s,
+                f"truncated Arrow stream: the file ({size} bytes) does not end with the end-of-stream marker, so "
+                "record batches after its last complete one may be missing",
+                "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
+            )
+        return reader
 
     def _index_arrow(self, s: int) -> dict[str, np.ndarray]:
         import pyarrow as pa
@@ -924,27 +989,47 @@ class DatasetIndex:
                 out[k] = d[a : a + lens[k]]
         return out
 
+    def _locator(self, s: int, i: int) -> str:
+        if self.format == "text" and self.text_mode == "file":
+            return "whole file"
+        if self.format in ("jsonl", "text"):
+            a = self._get_arrays(s)
+            return f"line {line_number(a['gap_rec'], a['gap_cum'], i)}"
+        return f"row {i}"
+
+    def _oversized(self, s: int, i: int, n: int) -> BadRecord:
+        return BadRecord(
+            self.name,
+            self._specs[s].display,
+            self._locator(s, i),
+            f"the record is {n} bytes, more than max_record_bytes = {self.max_record_bytes} (the per-record size "
+            f"limit); it was not read. Raise max_record_bytes for dataset '{self.name}' to read it",
+        )
+
     def _read_lines(self, s: int, idx: np.ndarray) -> list[str | BadRecord]:
         a = self._get_arrays(s)
-        raws = self._read_ranges(s, a["offsets"][idx].tolist(), a["lengths"][idx].tolist())
-        if self.format == "jsonl":
-            field = self.text_field
-            parsed = [_parse_jsonl(r, field) for r in raws]
-        elif self.text_mode == "line":
-            parsed = [_parse_text_line(r) for r in raws]
-        else:
-            parsed = [_parse_text_file(r) for r in raws]
-        out: list[str | BadRecord] = []
-        for i, (text, reason) in zip(idx.tolist(), parsed):
-            if reason is None and text is not None:
-                out.append(text)
+        lens = a["lengths"][idx]
+        out: list[str | BadRecord | None] = [None] * idx.size
+        big = np.flatnonzero(lens > self.max_record_bytes)
+        for k in big.tolist():  # never read: the bytes of an oversized record are not needed
+            out[k] = self._oversized(s, int(idx[k]), int(lens[k]))
+        todo = np.flatnonzero(lens <= self.max_record_bytes) if big.size else np.arange(idx.size)
+        if todo.size:
+            sel = idx[todo]
+            raws = self._read_ranges(s, a["offsets"][sel].tolist(), a["lengths"][sel].tolist())
+            if self.format == "jsonl":
+                field = self.text_field
+                parsed = [_parse_jsonl(r, field) for r in raws]
+            elif self.text_mode == "line":
+                parsed = [_parse_text_line(r) for r in raws]
             else:
-                if self.format == "text" and self.text_mode == "file":
-                    loc = "whole file"
+                parsed = [_parse_text_file(r) for r in raws]
+            for k, i, (text, reason) in zip(todo.tolist(), sel.tolist(), parsed):
+                if reason is None and text is not None:
+                    out[k] = text
                 else:
-                    loc = f"line {line_number(a['gap_rec'], a['gap_cum'], i)}"
-                out.append(BadRecord(self.name, self._specs[s].display, loc, reason or "unreadable"))
-        return out
+                    out[k] = BadRecord(self.name, self._specs[s].display, self._locator(s, i), reason or "unreadable")
+        return out  # type: ignore[return-value]
 
     def _value(self, s: int, row: int, v) -> str | BadRecord:
         if isinstance(v, str):
@@ -966,16 +1051,25 @@ class DatasetIndex:
     def _read_parquet(self, s: int, idx: np.ndarray) -> list[str | BadRecord]:
         import pyarrow as pa
 
-        groups = self._get_arrays(s)["groups"]
-        rg_of = np.searchsorted(groups, idx, side="right") - 1
+        a = self._get_arrays(s)
+        groups = a["groups"]
         out: list = [None] * idx.size
-        for rg in np.unique(rg_of).tolist():
+        keep = self._drop_oversized(s, idx, a["lengths"][idx], out)
+        rg_of = np.searchsorted(groups, idx, side="right") - 1
+        for rg in np.unique(rg_of[keep]).tolist():
             col: Any = self._row_groups.get((s, rg), functools.partial(self._load_row_group, s, rg))
-            ks = np.flatnonzero(rg_of == rg)
+            ks = keep[rg_of[keep] == rg]
             vals = col.take(pa.array(idx[ks] - groups[rg])).to_pylist()
             for k, v in zip(ks.tolist(), vals):
                 out[k] = self._value(s, int(idx[k]), v)
         return out
+
+    def _drop_oversized(self, s: int, idx: np.ndarray, lens: np.ndarray, out: list) -> np.ndarray:
+        """Put a BadRecord in ``out`` for each record above the size limit; the positions left."""
+        big = lens > self.max_record_bytes
+        for k in np.flatnonzero(big).tolist():
+            out[k] = self._oversized(s, int(idx[k]), int(lens[k]))
+        return np.flatnonzero(~big)
 
     def _load_row_group(self, s: int, rg: int):
         import pyarrow as pa
@@ -1014,9 +1108,14 @@ class DatasetIndex:
                 ) from None
             return t.column(self.text_field)
 
-        col = self._arrow_cols.get(s, load)
-        vals = col.take(pa.array(idx)).to_pylist()
-        return [self._value(s, i, v) for i, v in zip(idx.tolist(), vals)]
+        out: list = [None] * idx.size
+        keep = self._drop_oversized(s, idx, self._get_arrays(s)["lengths"][idx], out)
+        if keep.size:
+            col = self._arrow_cols.get(s, load)
+            vals = col.take(pa.array(idx[keep])).to_pylist()
+            for k, v in zip(keep.tolist(), vals):
+                out[k] = self._value(s, int(idx[k]), v)
+        return out
 
 
 def _stat(sp: _Spec) -> tuple[int, str]:
@@ -1044,6 +1143,7 @@ def index_dataset(
     text_mode: str = "line",
     cache_dir: str | None = None,
     progress: bool | None = None,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
 ) -> DatasetIndex:
     """Find the shards of dataset ``name`` and build (or load cached) per-shard metadata.
 
@@ -1055,6 +1155,8 @@ def index_dataset(
     ``text_mode`` (format "text"): "line" = one document per non-blank line, "file" = one per file.
     ``cache_dir``: where per-shard metadata is cached (default ``$ZEPHON_CACHE_DIR`` or
     ``~/.cache/zephon/index``).
+    ``max_record_bytes``: the per-record size limit; a larger record reads back as a
+    :class:`BadRecord` naming its file and line, without its bytes being read.
     """
     if format not in ("auto",) + FORMATS:
         raise DataError(
@@ -1165,4 +1267,6 @@ def index_dataset(
         idx._arrays[s] = arrays
         idx._cached[s] = cached
         shards.append(ShardMeta(sp.display, int(len(arrays["lengths"])), sp.size, sp.version))
-    return DatasetIndex(name, fmt, text_field, text_mode, specs, shards, cache_dir, idx._arrays, idx._cached)
+    return DatasetIndex(
+        name, fmt, text_field, text_mode, specs, shards, cache_dir, idx._arrays, idx._cached, max_record_bytes
+    )

@@ -39,7 +39,7 @@ import numpy as np
 
 from ._scan import LRU
 from .errors import BadRecord, DataError
-from .index import ShardMeta, resolve_files
+from .index import DEFAULT_MAX_RECORD_BYTES, ShardMeta, resolve_files
 
 __all__ = ["IMAGE_EXTS", "KINDS", "MM_FORMATS", "MMRecord", "MultimodalIndex", "image_header_size", "index_multimodal"]
 
@@ -47,7 +47,10 @@ KINDS = ("text", "image_text", "interleaved")
 MM_FORMATS = ("wds", "parquet")
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 TEXT_EXTS = ("txt", "json")
-_CACHE_VERSION = 2  # 2: tar member names (provenance)
+_CACHE_VERSION = 3  # 2: tar member names (provenance); 3: damaged tar regions as records
+_BLOCK = 512
+# what a damaged tar region is, in its record's BadRecord (the array "damage_kind")
+_GARBLED, _TRUNCATED, _TRAILING = 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -157,8 +160,10 @@ class MultimodalIndex:
         image_field: str,
         files: list[tuple[Any, str, str, int, str]],
         cache_dir: str | None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> None:
         self.name, self.kind, self.format = name, kind, format
+        self.max_record_bytes = int(max_record_bytes)  # larger samples read back as BadRecord, unread
         self.text_field, self.image_field = text_field, image_field
         self._files = files  # (fs, fspath, display, size, version)
         self.cache_dir = cache_dir
@@ -317,46 +322,154 @@ class MultimodalIndex:
         return data
 
     # -- WebDataset tar ------------------------------------------------------------------------
-    def _index_wds(self, s: int) -> dict[str, np.ndarray]:
+    def _tar_resync(self, f, start: int) -> int | None:
+        """The offset of the first valid tar header at or after ``start`` (512-byte aligned),
+        or None: where reading resumes after a garbled header."""
         import tarfile
 
-        order: list[str] = []
-        members: dict[str, dict[str, tuple[int, int, str, str]]] = {}
-        f = self._open(s)
-        try:
+        pos = start
+        step = 1 << 20
+        while True:
+            f.seek(pos)
+            buf = f.read(step)
+            n = len(buf) // _BLOCK
+            if n == 0:
+                return None
+            blocks = np.frombuffer(buf, dtype=np.uint8, count=n * _BLOCK).reshape(n, _BLOCK)
+            # ustar / GNU / pax headers carry the magic "ustar" at byte 257: test only those
+            for i in np.flatnonzero((blocks[:, 257:262] == np.frombuffer(b"ustar", np.uint8)).all(axis=1)).tolist():
+                try:
+                    tarfile.TarInfo.frombuf(bytes(blocks[i]), "utf-8", "surrogateescape")
+                except tarfile.HeaderError:
+                    continue
+                return pos + i * _BLOCK
+            pos += n * _BLOCK
+
+    def _tar_members(self, s: int, f) -> tuple[list[Any], dict[Any, dict[str, Any]]]:
+        """Every sample of a tar shard in file order, and the damaged regions between them.
+
+        A garbled header, a file cut short, or data after the end-of-archive marker would make
+        ``tarfile`` end the archive early without a word; here each is a placeholder record
+        (its key a tuple ``("damage", byte)``) that reads back as a :class:`BadRecord` naming the
+        byte position, and reading resumes at the next valid header."""
+        import tarfile
+
+        order: list[Any] = []
+        members: dict[Any, dict[str, Any]] = {}
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        pos = 0
+
+        def damage(at: int, kind: int, until: int) -> None:
+            key = ("damage", at)
+            order.append(key)
+            members[key] = {"damage": (at, kind, until)}
+
+        while True:
+            f.seek(pos)
             try:
                 tf = tarfile.open(fileobj=f, mode="r:")
-                for m in tf:
-                    if not m.isfile():
-                        continue
-                    d, _, base = m.name.rpartition("/")
-                    if base.startswith(".") or "." not in base:
-                        continue
-                    stem, ext = base.split(".", 1)
-                    key = f"{d}/{stem}" if d else stem
-                    ext = ext.lower()
-                    slot = "image" if ext in IMAGE_EXTS else "text" if ext in TEXT_EXTS else None
-                    if slot is None:
-                        continue
-                    if key not in members:
-                        members[key] = {}
-                        order.append(key)
-                    members[key].setdefault(slot, (m.offset_data, m.size, ext, m.name))
-            except (tarfile.TarError, EOFError) as e:
-                raise self._err(
-                    s,
-                    f"not a valid tar file (corrupt or truncated?): {e}",
-                    "Re-create or re-copy the shard, or remove it from the dataset's path list.",
-                ) from None
+            except tarfile.ReadError as e:
+                if pos == 0:
+                    raise self._err(
+                        s,
+                        f"not a valid tar file (corrupt or truncated?): {e}",
+                        "Re-create or re-copy the shard, or remove it from the dataset's path list.",
+                    ) from None
+                tf = None
+            last_end = pos
+            cut = False
+            if tf is not None:
+                try:
+                    for m in tf:
+                        if m.offset_data + m.size > size:  # its data runs past the end of the file
+                            cut = True
+                            break
+                        last_end = m.offset_data + -(-m.size // _BLOCK) * _BLOCK
+                        if not m.isfile():
+                            continue
+                        d, _, base = m.name.rpartition("/")
+                        if base.startswith(".") or "." not in base:
+                            continue
+                        stem, ext = base.split(".", 1)
+                        key = f"{d}/{stem}" if d else stem
+                        ext = ext.lower()
+                        slot = "image" if ext in IMAGE_EXTS else "text" if ext in TEXT_EXTS else None
+                        if slot is None:
+                            continue
+                        if key not in members:
+                            members[key] = {}
+                            order.append(key)
+                        members[key].setdefault(slot, (m.offset_data, m.size, ext, m.name))
+                except (tarfile.ReadError, EOFError):
+                    cut = True
+                except tarfile.TarError as e:
+                    raise self._err(
+                        s,
+                        f"not a valid tar file (corrupt?): {e}",
+                        "Re-create or re-copy the shard, or remove it from the dataset's path list.",
+                    ) from None
+                end = last_end if cut else max(tf.offset, last_end)
+            else:
+                end = pos
+            if cut:  # a member's header or data runs past the end of the file
+                damage(last_end, _TRUNCATED, size)
+                break
+            if end >= size:  # no end-of-archive marker after the last member
+                damage(size, _TRUNCATED, size)
+                break
+            if size - end < _BLOCK:  # the file ends inside a header block
+                damage(end, _TRUNCATED, size)
+                break
+            f.seek(end)
+            tail = f.read(1 << 16)
+            zeros = len(tail) - len(tail.lstrip(b"\0"))
+            if zeros >= _BLOCK:  # the end-of-archive marker: only zeros may follow it
+                rest, at = tail[zeros:], end + zeros
+                while not rest:
+                    more = f.read(1 << 20)
+                    if not more:
+                        break
+                    stripped = more.lstrip(b"\0")
+                    at += len(more) - len(stripped)
+                    rest = stripped
+                if not rest:
+                    break  # a well-formed end
+                nxt = self._tar_resync(f, end + -(-zeros // _BLOCK) * _BLOCK)
+                damage(at, _TRAILING, size if nxt is None else nxt)
+                if nxt is None:
+                    break
+                pos = nxt
+                continue
+            # a header that tarfile could not read: skip to the next valid one
+            nxt = self._tar_resync(f, end + _BLOCK)
+            damage(end, _GARBLED, size if nxt is None else nxt)
+            if nxt is None:
+                break
+            pos = nxt
+        return order, members
+
+    def _index_wds(self, s: int) -> dict[str, np.ndarray]:
+        f = self._open(s)
+        try:
+            order, members = self._tar_members(s, f)
         finally:
             f.close()
         n = len(order)
-        a = {k: np.full(n, -1, np.int64) for k in ("img_off", "img_len", "txt_off", "txt_len")}
+        a = {k: np.full(n, -1, np.int64) for k in ("img_off", "img_len", "txt_off", "txt_len", "damage", "damage_end")}
         a["txt_json"] = np.zeros(n, np.int64)
+        a["damage_kind"] = np.zeros(n, np.int64)
         widths, heights = [], []
         names = {"img_name": [""] * n, "txt_name": [""] * n}
+        keys: list[str] = []
         for i, key in enumerate(order):
             got = members[key]
+            if "damage" in got:
+                at, kind, until = got["damage"]
+                a["damage"][i], a["damage_kind"][i], a["damage_end"][i] = at, kind, until
+                keys.append(f"<damaged tar region at byte {at}>")
+                continue
+            keys.append(key)
             for slot in ("image", "text"):
                 if slot in got:
                     names["img_name" if slot == "image" else "txt_name"][i] = got[slot][3]
@@ -370,13 +483,38 @@ class MultimodalIndex:
             if "text" in got:
                 a["txt_off"][i], a["txt_len"][i] = got["text"][0], got["text"][1]
                 a["txt_json"][i] = 1 if got["text"][2] == "json" else 0
-        a["keys"] = np.array(order, dtype=np.str_) if order else np.zeros(0, dtype="<U1")
+        a["keys"] = np.array(keys, dtype=np.str_) if keys else np.zeros(0, dtype="<U1")
         for k, v in names.items():
             a[k] = np.array(v, dtype=np.str_) if v else np.zeros(0, dtype="<U1")
         a["lengths"] = np.maximum(a["txt_len"], 0)
         a["n_img"] = (a["img_len"] >= 0).astype(np.int64)
         a["img_w"], a["img_h"] = np.array(widths, np.int64), np.array(heights, np.int64)
         return a
+
+    def damaged(self, shard: int) -> list[tuple[int, str]]:
+        """The damaged regions of a tar shard: ``(record, reason)`` for each placeholder record
+        (empty for intact shards and for Parquet)."""
+        a = self._arrays[shard]
+        if "damage" not in a:
+            return []
+        return [(int(i), self._damage_reason(shard, int(i))) for i in np.flatnonzero(a["damage"] >= 0)]
+
+    def _damage_reason(self, s: int, i: int) -> str:
+        a = self._arrays[s]
+        at, kind, until = int(a["damage"][i]), int(a["damage_kind"][i]), int(a["damage_end"][i])
+        size = self._files[s][3]
+        if kind == _GARBLED:
+            rest = (
+                f"reading resumed at the next valid header, byte {until}"
+                if until < size
+                else "no valid header follows it"
+            )
+            return f"garbled tar header at byte {at}: the samples stored from there to byte {until} are lost ({rest})"
+        if kind == _TRAILING:
+            return f"data after the tar's end-of-archive marker, at byte {at} (samples stored there are not indexed)"
+        if at >= size:
+            return f"the tar file ends at byte {at} without its end-of-archive marker: it was cut short, samples may be missing"
+        return f"the tar file is cut short at byte {at}: the member stored there, and any after it, are missing"
 
     def _read_wds(self, s: int, idx: np.ndarray) -> list[Any]:
         a = self._shard(s)
@@ -385,6 +523,21 @@ class MultimodalIndex:
         for i in idx.tolist():
             key = str(a["keys"][i])
             loc = f"key '{key}'"
+            if "damage" in a and a["damage"][i] >= 0:
+                out.append(BadRecord(self.name, disp, f"byte {int(a['damage'][i])}", self._damage_reason(s, i)))
+                continue
+            total = int(a["img_len"][i]) + max(0, int(a["txt_len"][i]))
+            if total > self.max_record_bytes:
+                out.append(
+                    BadRecord(
+                        self.name,
+                        disp,
+                        loc,
+                        f"the sample is {total} bytes, more than max_record_bytes = {self.max_record_bytes} (the "
+                        f"per-record size limit); it was not read. Raise max_record_bytes for dataset '{self.name}'",
+                    )
+                )
+                continue
             if a["img_len"][i] < 0:
                 out.append(
                     BadRecord(self.name, disp, loc, "the sample has a caption but no image (.jpg/.jpeg/.png/.webp)")
@@ -419,7 +572,8 @@ class MultimodalIndex:
 
         fs, fp = self._files[s][0], self._files[s][1]
         try:
-            return pq.ParquetFile(fs.open(fp, "rb"))
+            # pages written with a CRC are verified: a corrupted page raises instead of being used
+            return pq.ParquetFile(fs.open(fp, "rb"), page_checksum_verification=True)
         except Exception as e:
             raise self._err(s, f"not a valid Parquet file: {e}", "Re-download or rewrite the file.") from None
 
@@ -623,8 +777,18 @@ def index_multimodal(
     text_field: str | None = None,
     image_field: str | None = None,
     cache_dir: str | None = None,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    on_error: str = "raise",
 ) -> MultimodalIndex:
-    """Find the shards of an image-text dataset and build (or load cached) per-shard metadata."""
+    """Find the shards of an image-text dataset and build (or load cached) per-shard metadata.
+
+    A tar shard with a garbled header, cut short, or with data after its end-of-archive marker
+    raises a :class:`DataError` naming the file and the byte position; with ``on_error =
+    "skip"`` each damaged region is indexed as one record that reads back as a
+    :class:`BadRecord` (a counted skip), and reading resumes at the next valid header. A sample
+    above ``max_record_bytes`` (image and caption together) reads back as a BadRecord, unread."""
+    if on_error not in ("raise", "skip"):
+        raise DataError(f"unknown on_error {on_error!r}", dataset=name, fix='Use on_error = "raise" or "skip".')
     if kind not in ("image_text", "interleaved"):
         raise DataError(f"unknown kind {kind!r}", dataset=name, fix='Use kind = "image_text" or "interleaved".')
     files = resolve_files(name, path, "auto")
@@ -659,4 +823,18 @@ def index_multimodal(
         os.makedirs(cache_dir, exist_ok=True)
     except OSError:
         cache_dir = None
-    return MultimodalIndex(name, kind, fmt, text_field, image_field, [specs[k] for k in sorted(specs)], cache_dir)
+    ix = MultimodalIndex(
+        name, kind, fmt, text_field, image_field, [specs[k] for k in sorted(specs)], cache_dir, max_record_bytes
+    )
+    if on_error == "raise":
+        for s in range(len(ix.shards)):
+            bad = ix.damaged(s)
+            if bad:
+                raise DataError(
+                    bad[0][1] + (f" ({len(bad)} damaged regions in this shard)" if len(bad) > 1 else ""),
+                    dataset=name,
+                    file=ix.shards[s].path,
+                    fix="Re-create or re-copy the shard, remove it from the dataset's path list, or set "
+                    f"on_error = \"skip\" for dataset '{name}' to skip each damaged region as one counted bad record.",
+                )
+    return ix
