@@ -15,8 +15,8 @@ Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 """
 
 from .batch import Batch
-from .mmpack import MMPack
-from .pack import ALGORITHMS, Pack
+from .mmpack import MMPack, mm_pad_batch
+from .pack import ALGORITHMS, Pack, pad_row, pad_rows
 from .policy import ON_ERROR, skip_hint
 from .rows import IGNORE_INDEX, Provenance
 from .shuffle import WindowShuffle
@@ -49,6 +49,9 @@ __all__ = [
     "WorkItem",
     "WorkPlan",
     "lane_share",
+    "mm_pad_batch",
+    "pad_row",
+    "pad_rows",
     "reason_class",
     "sample_layout",
     "skip_hint",

@@ -43,7 +43,53 @@ from zephon.engine import Accumulator
 
 from .rows import IGNORE_INDEX, PackingMetrics, Provenance
 
-__all__ = ["MMPack"]
+__all__ = ["MMPack", "mm_pad_batch"]
+
+
+def _blank(rows: int, row_len: int, pad_id: int, mrope: bool) -> dict[str, Any]:
+    """The arrays of a micro-batch whose rows are all padding (``row_len`` = seq_len + 1)."""
+    B, L = rows, row_len
+    out: dict[str, Any] = {
+        "tokens": np.full((B, L), pad_id, dtype=np.int64),
+        "positions": np.zeros((B, L), dtype=np.int64),
+        "doc_ids": np.full((B, L), -1, dtype=np.int32),
+        "dataset": np.full((B, L), -1, dtype=np.int16),
+        "labels": np.full((B, L - 1), IGNORE_INDEX, dtype=np.int64),
+        "per_row": np.zeros(B, dtype=np.int64),
+        # padding counts up like one more document (as TorchTitan's builder does)
+        "mrope": np.broadcast_to(np.arange(L, dtype=np.int64)[None, :, None], (B, L, 3)).copy() if mrope else None,
+    }
+    return out
+
+
+def _micro_batch(a: dict[str, Any], pixels: Any, grids: Any, prov: list, patch_dim: int) -> dict[str, Any]:
+    out = {
+        "input": a["tokens"][:, :-1],
+        "labels": a["labels"],
+        "positions": a["positions"][:, :-1],
+        "document_ids": a["doc_ids"][:, :-1],
+        "dataset": a["dataset"][:, :-1],
+        "pixel_values": np.concatenate(pixels) if pixels else np.zeros((0, patch_dim), np.float32),
+        "grid_thw": np.concatenate(grids) if grids else np.zeros((0, 3), np.int64),
+        "images_per_row": a["per_row"],
+        "provenance": prov,
+    }
+    if a["mrope"] is not None:
+        out["mrope_positions"] = a["mrope"][:, :-1]
+    return out
+
+
+def mm_pad_batch(*, rows: int, seq_len: int, patch_dim: int, pad_id: int = 0, mrope: bool = True) -> dict[str, Any]:
+    """A micro-batch of padding rows with the fields, dtypes and padding rules of
+    :class:`MMPack`'s micro-batches (no images, labels -100, no provenance): what an ended lane
+    of a finite recipe with ``end = "pad"`` delivers.
+
+    >>> b = mm_pad_batch(rows=2, seq_len=4, patch_dim=12)
+    >>> b["labels"].tolist()[0], b["pixel_values"].shape, b["grid_thw"].shape, b["provenance"]
+    ([-100, -100, -100, -100], (0, 12), (0, 3), [(), ()])
+    """
+    a = _blank(rows, seq_len + 1, pad_id, mrope)
+    return _micro_batch(a, [], [], [() for _ in range(rows)], patch_dim)
 
 
 class MMPack(PackingMetrics, Accumulator):
@@ -182,15 +228,11 @@ class MMPack(PackingMetrics, Accumulator):
     # -- output -----------------------------------------------------------------------------
     def _emit(self) -> None:
         B, L = self.rows, self.row_len
-        tokens = np.full((B, L), self.pad_id, dtype=np.int64)
-        positions = np.zeros((B, L), dtype=np.int64)
-        doc_ids = np.full((B, L), -1, dtype=np.int32)
-        dataset = np.full((B, L), -1, dtype=np.int16)
-        mrope = np.zeros((B, L, 3), dtype=np.int64) if self.mrope else None
+        a = _blank(B, L, self.pad_id, self.mrope)
+        tokens, positions, doc_ids, dataset = a["tokens"], a["positions"], a["doc_ids"], a["dataset"]
+        mrope, per_row, labels = a["mrope"], a["per_row"], a["labels"]
         pixels: list[np.ndarray] = []
         grids: list[np.ndarray] = []
-        per_row = np.zeros(B, dtype=np.int64)
-        labels = np.full((B, L - 1), IGNORE_INDEX, dtype=np.int64)
         prov: list[tuple[Provenance, ...]] = []
         for r in range(B):
             pos = 0
@@ -223,17 +265,4 @@ class MMPack(PackingMetrics, Accumulator):
             self.pad_tokens += L - used
         self.rows_out += self.rows
         self.images_out += int(per_row.sum())
-        out = {
-            "input": tokens[:, :-1],
-            "labels": labels,
-            "positions": positions[:, :-1],
-            "document_ids": doc_ids[:, :-1],
-            "dataset": dataset[:, :-1],
-            "pixel_values": np.concatenate(pixels) if pixels else np.zeros((0, self.patch_dim), np.float32),
-            "grid_thw": np.concatenate(grids) if grids else np.zeros((0, 3), np.int64),
-            "images_per_row": per_row,
-            "provenance": prov,
-        }
-        if mrope is not None:
-            out["mrope_positions"] = mrope[:, :-1]
-        self.emit(out)
+        self.emit(_micro_batch(a, pixels, grids, prov, self.patch_dim))

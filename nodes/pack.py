@@ -22,14 +22,46 @@ from torchdata.nodes import BaseNode
 
 from zephon.engine import Accumulator
 
+from .batch import stack_rows
 from .rows import IGNORE_INDEX, PackingMetrics, Provenance
 
-__all__ = ["ALGORITHMS", "Pack"]
+__all__ = ["ALGORITHMS", "Pack", "pad_row", "pad_rows"]
 
 #: packing algorithms: ``greedy`` splits documents across rows; the two others never split one
 ALGORITHMS = ("greedy", "first_fit", "best_fit")
 
 Segment = tuple[np.ndarray, int, Provenance]  # tokens, dataset, provenance
+
+
+def pad_row(seq_len: int, pad_id: int = 0) -> dict[str, Any]:
+    """A row of padding only, with the fields and dtypes of :class:`Pack`'s rows: ``pad_id``
+    inputs, ``-100`` labels (nothing is trained or evaluated on it), positions 0,
+    ``document_ids`` and ``dataset`` -1, no provenance. What a finite recipe with ``end = "pad"``
+    fills short micro-batches and ended lanes with.
+
+    >>> row = pad_row(4, pad_id=9)
+    >>> row["input"].tolist(), row["labels"].tolist(), row["document_ids"].dtype.name, row["provenance"]
+    ([9, 9, 9, 9], [-100, -100, -100, -100], 'int32', ())
+    """
+    return {
+        "input": np.full(seq_len, pad_id, dtype=np.int64),
+        "labels": np.full(seq_len, IGNORE_INDEX, dtype=np.int64),
+        "positions": np.zeros(seq_len, dtype=np.int64),
+        "document_ids": np.full(seq_len, -1, dtype=np.int32),
+        "dataset": np.full(seq_len, -1, dtype=np.int16),
+        "provenance": (),
+    }
+
+
+def pad_rows(rows: int, seq_len: int, pad_id: int = 0) -> dict[str, Any]:
+    """A lane micro-batch of ``rows`` padding rows (:func:`pad_row`), as :class:`Batch` stacks
+    them: what an ended lane of a finite recipe with ``end = "pad"`` delivers.
+
+    >>> b = pad_rows(2, 4)
+    >>> b["input"].shape, b["dataset"].dtype.name, b["provenance"]
+    ((2, 4), 'int16', [(), ()])
+    """
+    return stack_rows([pad_row(seq_len, pad_id)] * rows)
 
 
 class Pack(PackingMetrics, Accumulator):

@@ -389,6 +389,145 @@ def test_with_zephon_on_any_model_config(recipe_path):
     assert GBS % cfg.training.local_batch_size == 0
 
 
+# -- validation on a finite recipe, and the batch ledger (in-process) ------------------------
+VAL_TOML = """\
+seed = 5
+lanes = {lanes}
+seq_len = {seq}
+global_batch_size = {gbs}
+cache_dir = "cache"
+
+[tokenizer]
+path = "{tok}"
+
+[[datasets]]
+name = "heldout"
+path = "web/*.jsonl"
+format = "jsonl"
+policy = "stop"
+
+[shuffle]
+buffer = 1
+
+[workers]
+count = 0
+"""
+
+
+@pytest.fixture(scope="module")
+def val_path(recipe_path):
+    from zephon.tools.demo import TOKENIZER_DIR
+
+    path = os.path.join(os.path.dirname(recipe_path), "val.toml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(VAL_TOML.format(lanes=LANES, seq=SEQ, gbs=GBS, tok=TOKENIZER_DIR))
+    return path
+
+
+def _drain(loader):
+    """next() until StopIteration, as TorchTitan's validator with steps = -1 does: the batches."""
+    out = []
+    while True:
+        try:
+            out.append(next(loader))
+        except StopIteration:
+            return out
+
+
+def test_validation_loader_same_rows_and_steps_on_every_world_size(val_path):
+    """A finite recipe as validator.dataloader (infinite = False): on W = 1, 2, 4 every rank makes the
+    same number of next() calls, all stop on the same call, and the global batches are the same."""
+    lbs = 2  # the validator asks for training.local_batch_size rows per next()
+    ref = None
+    for W in (1, 2, 4):
+        loaders = [_build(val_path, W=W, rank=r, lbs=lbs, infinite=False) for r in range(W)]
+        per_rank = [_drain(ld) for ld in loaders]
+        calls = [len(b) for b in per_rank]
+        assert len(set(calls)) == 1, f"W={W}: ranks stopped after {calls} next() calls"
+        per_step = calls[0] // loaders[0].microbatches_per_step
+        steps = []
+        for t in range(per_step):
+            rows = []
+            for b in per_rank:  # rank order = lane order
+                m = loaders[0].microbatches_per_step
+                rows += [b[t * m + i] for i in range(m)]
+            steps.append(
+                batch_sha256(
+                    {
+                        "input": torch.cat([x[0]["input"] for x in rows]).numpy(),
+                        "labels": torch.cat([x[1] for x in rows]).numpy(),
+                    }
+                )
+            )
+        for ld in loaders:
+            with pytest.raises(StopIteration):  # stays ended
+                next(ld)
+        states = [ld.state_dict() for ld in loaders]  # works after the end (the workers are closed)
+        assert len({sd["zephon"] for sd in states}) == 1
+        ref = ref or (steps, _dcp_merge(states))
+        assert steps == ref[0], f"W={W}"
+    # the end state resumes ended on another W
+    ld = _build(val_path, W=8, rank=3, lbs=lbs, infinite=False)
+    ld.load_state_dict({k: ref[1][k] for k in ld.state_dict()})
+    with pytest.raises(StopIteration):
+        next(ld)
+    ld.close()
+
+
+def test_a_finite_pass_needs_a_finite_recipe(recipe_path):
+    with pytest.raises(ValueError, match=r"validator.steps = -1\) but the recipe .* never ends: dataset \'web\'"):
+        _build(recipe_path, W=2, infinite=False)
+
+
+def test_with_zephon_validation(recipe_path, val_path, tmp_path):
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+    cfg = zt.with_zephon(llama3_debugmodel(), recipe_path, validation=val_path, local_batch_size=2, workers=1)
+    v = cfg.validator
+    assert v.enable and v.steps == -1 and isinstance(v.dataloader, zt.ZephonDataLoader.Config)
+    assert (v.dataloader.recipe, v.dataloader.ledger, v.dataloader.workers) == (val_path, False, 1)
+    with pytest.raises(ValueError, match="validation recipe .* never ends"):
+        zt.with_zephon(llama3_debugmodel(), recipe_path, validation=recipe_path)
+    other = tmp_path / "val128.toml"
+    other.write_text(open(val_path).read().replace(f"seq_len = {SEQ}", "seq_len = 128"))
+    with pytest.raises(ValueError, match="seq_len = 128, the training recipe 64"):
+        zt.with_zephon(llama3_debugmodel(), recipe_path, validation=str(other))
+    with pytest.raises(ValueError, match="local_batch_size = 3 rows per next"):
+        zt.with_zephon(llama3_debugmodel(), recipe_path, validation=val_path, local_batch_size=3)
+
+
+def test_the_loader_writes_a_ledger_that_zephon_hashes_reproduces(recipe_path, tmp_path):
+    import io
+
+    from zephon.tools.cli import run_hashes
+    from zephon.tools.ledger import read_ledger, run_ledger_show
+
+    folder = str(tmp_path / "ledger")
+    loaders = [_build(recipe_path, W=2, rank=r, lbs=4, ledger_dir=folder) for r in range(2)]
+    for _ in range(3):
+        for ld in loaders:
+            _take_step(ld)
+    merged = _dcp_merge([ld.state_dict() for ld in loaders])
+    for ld in loaders:
+        ld.close()
+    resumed = _build(recipe_path, W=1, lbs=8, ledger_dir=folder)  # a resume on W=1 appends
+    resumed.load_state_dict({k: merged[k] for k in resumed.state_dict()})
+    for _ in range(2):
+        _take_step(resumed)
+    resumed.close()
+    shown, ref = io.StringIO(), io.StringIO()
+    run_ledger_show(folder, out=shown)
+    run_hashes(Recipe.from_toml(recipe_path), world_size=4, steps=5, digest="ledger", out=ref)
+    assert shown.getvalue() == ref.getvalue() and shown.getvalue().count("\n") == 5
+    led = read_ledger(folder)
+    assert [r["world_size"] for r in led.runs] == [2, 2, 1] and led.recipe().fingerprint == led.fingerprints[0]
+    # no ledger outside a trainer unless a folder is given, and none when turned off
+    for kw in ({}, {"ledger": False, "ledger_dir": folder}):
+        ld = _build(recipe_path, W=1, **kw)
+        assert ld.ledger is None
+        ld.close()
+
+
 # -- slow tests: real processes --------------------------------------------------------------
 def _env(tmp_path, **extra):
     env = dict(os.environ)
@@ -505,6 +644,21 @@ def test_trainer_llama3_elastic_resume(recipe_path, tmp_path):
     ref_gn, el_gn = _read_losses(str(ref_out), "grad_norm"), _read_losses(str(el_out), "grad_norm")
     print("loss diffs vs uninterrupted W=2:", diffs, "grad-norm diffs:", {s: abs(el_gn[s] - ref_gn[s]) for s in diffs})
     assert max(diffs.values()) < 1e-3, diffs
+
+    # the batch ledgers the trainer's loader wrote: the uninterrupted run's equals `zephon hashes
+    # --digest ledger`; the elastic run's two launches (W=1, then W=4) appended to one ledger
+    import io
+
+    from zephon.tools.cli import run_hashes
+    from zephon.tools.ledger import read_ledger
+
+    expected = run_hashes(Recipe.from_toml(recipe_path), steps=6, digest="ledger", out=io.StringIO())
+    ref_led, el_led = read_ledger(str(ref_dump)), read_ledger(str(el_dump))
+    assert [ref_led.digest(b) for b in ref_led.batches()] == expected
+    assert el_led.batches() == [2, 3, 4, 5] and not el_led.conflicts
+    assert [el_led.digest(b) for b in el_led.batches()] == expected[2:]
+    assert sorted({r["world_size"] for r in el_led.runs}) == [1, 4] and len(el_led.runs) == 5
+    assert {r["start_batch"] for r in el_led.runs} == {2, 4}
 
 
 @pytest.mark.slow

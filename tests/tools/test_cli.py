@@ -141,3 +141,33 @@ def test_save_at_must_be_a_step_the_resumed_run_computes(recipe_path, tmp_path):
     state["step"] = 4  # an edited checkpoint
     (ck / "zephon_state.json").write_text(json.dumps(state))
     message_only(zephon("hashes", recipe_path, "--resume", ck), "zephon_state.json", "shared entries do not match")
+
+
+@pytest.fixture(scope="module")
+def finite_path(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli_finite")
+    write_corpus(str(root))
+    stop = 'policy = "stop"\n'
+    return write_recipe(str(root), "finite.toml", web_extra=stop, code_extra=stop, books_extra=stop)
+
+
+def test_hashes_past_the_end_of_a_finite_recipe(finite_path, tmp_path):
+    out = zephon("hashes", finite_path, "--steps", 1000, "--world-size", 2)
+    got = steps(out)  # exit 0
+    n = len(got)
+    assert 10 < n < 1000 and [int(t) for t, _ in got] == list(range(n))
+    assert f"the data ended after {n} steps (end = 'pad'" in out.stderr
+    assert f"printed steps 0..{n - 1} of the 1000 asked for" in out.stderr and "Traceback" not in out.stderr
+    assert steps(zephon("hashes", finite_path, "--steps", 1000, "--world-size", 8, "--workers", 2)) == got
+    # a checkpoint a few steps before the end, resumed on another W: exactly the rest
+    ck = tmp_path / "ck"
+    head = steps(
+        zephon("hashes", finite_path, "--steps", n - 3, "--world-size", 4, "--save-at", n - 3, "--checkpoint", ck)
+    )
+    rest = zephon("hashes", finite_path, "--steps", 10, "--world-size", 2, "--resume", ck)
+    assert head + steps(rest) == got and len(steps(rest)) == 3
+    assert f"printed steps {n - 3}..{n - 1} of the 10 asked for" in rest.stderr
+    # a checkpoint at the end resumes ended, on any W
+    head = steps(zephon("hashes", finite_path, "--steps", n, "--world-size", 1, "--save-at", n, "--checkpoint", ck))
+    ended = zephon("hashes", finite_path, "--steps", 5, "--world-size", 8, "--resume", ck)
+    assert steps(ended) == [] and "printed no step" in ended.stderr

@@ -43,15 +43,19 @@ from .checkpoint import (
     verify_state,
 )
 from .lanes import (
+    END_MODES,
     GlobalLoader,
     LaneContext,
+    LaneEnd,
     LaneSet,
     Router,
     batch_sha256,
     check_world_size,
     collate,
+    count_lane_steps,
     divisors,
     lanes_of_rank,
+    ledger_digest,
     valid_world_sizes,
 )
 from .mapper import MAX_CHUNK_SIZE, OrderedMapper, WorkerError, describe_item
@@ -78,6 +82,7 @@ from .workers import BACKENDS, PoolSet, ProcessLocal, WorkerConfig, WorkerPool
 __all__ = [
     "ANCHOR",
     "BACKENDS",
+    "END_MODES",
     "EXTRA",
     "FORMAT_VERSION",
     "LANE_ENTRY_KEYS",
@@ -91,6 +96,7 @@ __all__ = [
     "GlobalLoader",
     "IndexPermutation",
     "LaneContext",
+    "LaneEnd",
     "LaneSet",
     "OrderedMapper",
     "PipelineError",
@@ -108,6 +114,7 @@ __all__ = [
     "check_world_size",
     "close_node",
     "collate",
+    "count_lane_steps",
     "decode_state",
     "describe_item",
     "divisors",
@@ -117,6 +124,7 @@ __all__ = [
     "lane_rng",
     "lane_state",
     "lanes_of_rank",
+    "ledger_digest",
     "load_state",
     "merge_states",
     "migrate",

@@ -5,6 +5,14 @@ function of a :class:`LaneContext`) and owns its work, operator state and random
 its output depends only on (recipe, seed, L, lane id). Rank r of W owns the contiguous lanes
 ``[r*L/W, (r+1)*L/W)`` and its local batch at step t is their step-t outputs in lane order;
 global batch t is therefore the same bytes for every W that divides L.
+
+A finite run (every lane ends) ends on a global step boundary that is the same on every W: the
+lane set says how many micro-batches each lane holds (:class:`LaneEnd`), and every rank stops
+before the same step, in one of two modes: ``"drop"`` (the last step is the last one every lane
+can fill) or ``"pad"`` (the run lasts as long as the longest lane; a lane past its end delivers
+its lane set's padding item). The router also hashes each lane's micro-batch on request, so a
+rank can record what it consumed without seeing the other ranks' data
+(:func:`ledger_digest`).
 """
 
 from __future__ import annotations
@@ -28,17 +36,25 @@ from .seeding import lane_rng
 from .workers import PoolSet, WorkerConfig, WorkerPool
 
 __all__ = [
+    "END_MODES",
     "GlobalLoader",
     "LaneContext",
+    "LaneEnd",
     "LaneSet",
     "Router",
     "batch_sha256",
     "check_world_size",
     "collate",
+    "count_lane_steps",
     "divisors",
     "lanes_of_rank",
+    "ledger_digest",
     "valid_world_sizes",
 ]
+
+#: how a finite run ends: "drop" = after the last step every lane can fill, "pad" = after the
+#: longest lane's last micro-batch, shorter lanes delivering padding items until then
+END_MODES = ("drop", "pad")
 
 
 def divisors(n: int) -> list[int]:
@@ -178,8 +194,164 @@ def batch_sha256(batch: Any) -> str:
     return h.hexdigest()
 
 
+_LEDGER_TAG = b"zephon-ledger-v1\0"
+
+
+def ledger_digest(lane_digests: Sequence[str]) -> str:
+    """The digest of one global batch from its lanes' digests (:func:`batch_sha256` of each
+    lane's micro-batch, all lanes in lane order): SHA-256 over a tag, the lane count and the raw
+    lane digests.
+
+    Why per lane: rank r of W hashes only its own lanes, a contiguous block, so the digest of the
+    global batch is computed from what each rank wrote without any data crossing ranks, and it
+    is the same for every W (the lanes' micro-batches are).
+
+    >>> lanes = [batch_sha256({"x": np.arange(3) + l}) for l in range(4)]
+    >>> ledger_digest(lanes) == ledger_digest(lanes[:2] + lanes[2:])
+    True
+    >>> ledger_digest(lanes) == ledger_digest(lanes[::-1])
+    False
+    """
+    h = hashlib.sha256(_LEDGER_TAG + len(lane_digests).to_bytes(4, "big"))
+    for d in lane_digests:
+        raw = bytes.fromhex(d)
+        if len(raw) != 32:
+            raise ValueError(f"a lane digest is a SHA-256 hex string (64 characters), got {d!r}")
+        h.update(raw)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class LaneEnd:
+    """Where a finite run ends: how many micro-batches each lane holds, and the end mode.
+
+    The run's last global step is a boundary that does not depend on the world size:
+    ``"drop"`` ends after ``min(lane_steps)`` steps (every step full; the longer lanes' last
+    micro-batches are never delivered); ``"pad"`` ends after ``max(lane_steps)`` steps (every
+    micro-batch delivered once; a lane past its own end contributes its padding item).
+
+    >>> end = LaneEnd("pad", (3, 5, 4))
+    >>> end.steps, end.holds(0, 2), end.holds(0, 3), end.unused
+    (5, True, False, 3)
+    >>> LaneEnd("drop", (3, 5, 4)).steps, LaneEnd("drop", (3, 5, 4)).unused
+    (3, 3)
+    >>> LaneEnd.from_json(end.to_json(), lanes=3) == end
+    True
+    """
+
+    mode: str
+    lane_steps: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.mode not in END_MODES:
+            raise ValueError(f"end mode must be one of {END_MODES}, got {self.mode!r}")
+        if not self.lane_steps or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in self.lane_steps):
+            raise ValueError(f"lane_steps must be non-negative integers, one per lane, got {self.lane_steps!r}")
+
+    @property
+    def lanes(self) -> int:
+        """The lane count these counts are for."""
+        return len(self.lane_steps)
+
+    @property
+    def steps(self) -> int:
+        """Global steps the run has (the same on every world size)."""
+        return min(self.lane_steps) if self.mode == "drop" else max(self.lane_steps)
+
+    def holds(self, lane: int, step: int) -> bool:
+        """Whether lane ``lane`` has a micro-batch of its own at (0-based) step ``step``."""
+        return step < self.lane_steps[lane]
+
+    @property
+    def unused(self) -> int:
+        """Lane micro-batches that are never delivered ("drop") or padding items ("pad")."""
+        if self.mode == "drop":
+            return sum(n - self.steps for n in self.lane_steps)
+        return sum(self.steps - n for n in self.lane_steps)
+
+    def describe(self) -> str:
+        """One line: where the data ended and what the end mode did with the lanes' tails."""
+        lo, hi = min(self.lane_steps), max(self.lane_steps)
+        what = (
+            f"{self.unused} lane micro-batches after the shortest lane's end were not delivered"
+            if self.mode == "drop"
+            else f"{self.unused} lane micro-batches of padding (labels -100) filled the shorter lanes"
+        )
+        return (
+            f"the data ended after {self.steps} steps (end = {self.mode!r}; lanes hold {lo}..{hi} micro-batches; "
+            f"{what})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The checkpoint form (``shared.end``)."""
+        return {"mode": self.mode, "lane_steps": list(self.lane_steps)}
+
+    @classmethod
+    def from_json(cls, value: Any, lanes: int | None = None) -> LaneEnd:
+        """Parse :meth:`to_json`'s form, refusing a malformed one (or one for another lane
+        count) with a :class:`StateError`."""
+        try:
+            end = cls(str(value["mode"]), tuple(value["lane_steps"]))
+        except (TypeError, KeyError, ValueError) as e:
+            raise StateError(f"checkpoint 'shared.end' must be {{'mode', 'lane_steps'}}, got {value!r} ({e})") from None
+        if lanes is not None and end.lanes != lanes:
+            raise StateError(f"checkpoint 'shared.end' counts {end.lanes} lanes, the pipeline has {lanes}")
+        return end
+
+
 LaneBuilder = Callable[[LaneContext], BaseNode]
 LaneMigration = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def count_lane_steps(
+    build: LaneBuilder,
+    *,
+    lanes: int,
+    seed: int,
+    workers: WorkerConfig | None = None,
+    pools: PoolSet | None = None,
+    progress: bool | None = None,
+) -> list[int]:
+    """How many micro-batches each lane of a finite pipeline holds: a dry run of every lane
+    (built, iterated to its end, closed), with the given workers and shared pools.
+
+    Exact whatever the pipeline does (skips, packing, splits, schedules): the count is what the
+    lane delivers. It costs a pass over the data, so callers cache it (a recipe does, keyed by
+    its data fingerprint). ``progress``: a progress bar (default: when stderr is a terminal).
+
+    >>> import functools
+    >>> from zephon.engine.testing import toy_lane
+    >>> count_lane_steps(functools.partial(toy_lane, n=40), lanes=4, seed=0)
+    [4, 5, 4, 4]
+    """
+    workers = workers or WorkerConfig()
+    own = pools is None
+    pools = pools if pools is not None else PoolSet()
+    ids: Any = range(lanes)
+    if progress or (progress is None and sys.stderr.isatty() and lanes >= 8):
+        from tqdm.auto import tqdm
+
+        ids = tqdm(ids, desc="counting the micro-batches of each lane (one pass over the data)", unit="lane")
+    out = []
+    try:
+        for l in ids:
+            node = build(LaneContext(seed=seed, lane=l, lanes=lanes, workers=workers, pools=pools))
+            n = 0
+            try:
+                node.reset(None)
+                while True:
+                    try:
+                        next(node)
+                    except StopIteration:
+                        break
+                    n += 1
+            finally:
+                close_node(node)
+            out.append(n)
+    finally:
+        if own:
+            pools.close()
+    return out
 
 
 class LaneSet:
@@ -198,30 +370,111 @@ class LaneSet:
     >>> lanes = LaneSet(lambda ctx: RangeSource(None, ctx.lane, ctx.lanes))
     >>> next(lanes(LaneContext(seed=0, lane=1, lanes=4))), lanes.shared_state(), lanes.adopt({}) is lanes
     (1, {}, True)
+
+    **Finite pipelines.** A lane set whose lanes end says how (``end="drop"`` or ``"pad"``, see
+    :class:`LaneEnd`; ``pad`` gives lane l's padding item); the router then ends every rank on
+    the same global step. The per-lane counts come from :meth:`count_steps` (by default a dry
+    run, :func:`count_lane_steps`; a subclass may cache it), are computed once per lane set
+    (:meth:`lane_end`), travel in the checkpoint's ``shared`` entry and are adopted on restore.
+    A lane that ends in a lane set without an end is an error, never a silent divergence:
+
+    >>> finite = LaneSet(lambda ctx: RangeSource(4 + 2 * ctx.lane, ctx.lane, 2), end="drop")
+    >>> finite.lane_end(lanes=2, seed=0)
+    LaneEnd(mode='drop', lane_steps=(2, 3))
+    >>> finite.shared_state()
+    {'end': {'mode': 'drop', 'lane_steps': [2, 3]}}
     """
 
     #: checkpoint format version -> the function moving one lane's state to the next version
     lane_migrations: Mapping[int, LaneMigration] = {}
+    #: the entries of ``shared`` this base class writes and adopts (a subclass adds its own)
+    shared_keys: tuple[str, ...] = ("end",)
 
-    def __init__(self, build: LaneBuilder) -> None:
+    def __init__(self, build: LaneBuilder, *, end: str | None = None, pad: Callable[[int], Any] | None = None) -> None:
+        if end is not None and end not in END_MODES:
+            raise ValueError(f"end must be None (the lanes never end) or one of {END_MODES}, got {end!r}")
+        if end == "pad" and pad is None:
+            raise ValueError('end = "pad" needs pad= (a function of the lane giving its padding micro-batch)')
         self.build = build
+        #: how the run ends: None (the lanes never end), "drop" or "pad"
+        self.end_mode = end
+        self.pad = pad
+        self._end: LaneEnd | None = None
+        self._end_lock = threading.Lock()
 
     def __call__(self, ctx: LaneContext) -> BaseNode:
         """The pipeline of lane ``ctx.lane`` (a torchdata node yielding its micro-batches)."""
         return self.build(ctx)
 
+    # -- finite pipelines -----------------------------------------------------------------------
+    def count_steps(
+        self, *, lanes: int, seed: int, workers: WorkerConfig | None = None, pools: PoolSet | None = None
+    ) -> list[int]:
+        """Micro-batches each lane holds (a dry run; override to cache it)."""
+        return count_lane_steps(self.build, lanes=lanes, seed=seed, workers=workers, pools=pools)
+
+    def lane_end(
+        self, *, lanes: int, seed: int, workers: WorkerConfig | None = None, pools: PoolSet | None = None
+    ) -> LaneEnd | None:
+        """Where the run ends (None: its lanes never end), computed on first use with the
+        caller's workers and pools, or the value a checkpoint carried (:meth:`adopt_end`)."""
+        if self.end_mode is None:
+            return None
+        with self._end_lock:
+            if self._end is None or self._end.lanes != lanes:
+                steps = self.count_steps(lanes=lanes, seed=seed, workers=workers, pools=pools)
+                self._end = LaneEnd(self.end_mode, tuple(int(n) for n in steps))
+            return self._end
+
+    @property
+    def known_end(self) -> LaneEnd | None:
+        """The end if it was already computed or adopted (never starts a dry run)."""
+        return self._end
+
+    def pad_item(self, lane: int) -> Any:
+        """Lane ``lane``'s padding micro-batch (``end = "pad"``, after the lane's own end)."""
+        if self.pad is None:
+            raise PipelineError(f"{self!r} has no padding item (end = {self.end_mode!r})")
+        return self.pad(lane)
+
+    def adopt_end(self, shared: Mapping[str, Any]) -> LaneSet:
+        """``self``, or a copy that uses the end a checkpoint's ``shared`` entry carries (so a
+        resume never recounts); refuses a checkpoint written with another end mode."""
+        raw = shared.get("end")
+        if raw is None:
+            return self
+        end = LaneEnd.from_json(raw)
+        if self.end_mode is None:
+            raise StateError(
+                f"the checkpoint is of a finite run (end = {end.mode!r}, {end.steps} steps) but this pipeline never "
+                "ends; resume with the pipeline (recipe) that wrote it"
+            )
+        if end.mode != self.end_mode:
+            raise StateError(
+                f"the checkpoint was written with end = {end.mode!r} but the pipeline has end = {self.end_mode!r}: "
+                f"the runs have different last steps. Set end = {end.mode!r} to resume, or start a new run."
+            )
+        if self._end == end:
+            return self
+        new = copy.copy(self)
+        new._end, new._end_lock = end, threading.Lock()
+        return new
+
+    # -- checkpoints ----------------------------------------------------------------------------
     def shared_state(self) -> dict[str, Any]:
-        """The derived values to save under the checkpoint's ``shared`` entry (JSON)."""
-        return {}
+        """The derived values to save under the checkpoint's ``shared`` entry (JSON): here the
+        end of a finite run, once known."""
+        return {} if self._end is None else {"end": self._end.to_json()}
 
     def adopt(self, shared: Mapping[str, Any]) -> LaneSet:
         """The lane set a checkpoint with ``shared`` describes: ``self``, or a new one built from
         the checkpoint's values. Raises :class:`StateError` naming what changed when the
         checkpoint cannot be resumed with this pipeline."""
-        return self
+        return self.adopt_end(shared)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({getattr(self.build, '__name__', self.build)!r})"
+        end = "" if self.end_mode is None else f", end={self.end_mode!r}"
+        return f"{type(self).__name__}({getattr(self.build, '__name__', self.build)!r}{end})"
 
 
 class Router(ZNode[Any]):
@@ -231,6 +484,16 @@ class Router(ZNode[Any]):
     :class:`LaneSet` carrying derived values); it is called lazily for each owned lane. The
     state is lane-keyed (see :mod:`zephon.engine.checkpoint`), so the states of any W ranks can
     be merged and loaded by any other W.
+
+    A finite lane set (one with an end, see :class:`LaneSet`) ends on the same global step on
+    every rank and every W: ``next()`` raises StopIteration before touching any lane once the
+    run's last step was delivered, and keeps raising it; ``state_dict()`` works before, at and
+    after the end (a state saved at the end restores ended). A lane that ends without the lane
+    set declaring an end raises :class:`PipelineError` naming it.
+
+    ``digests=True``: the router hashes each owned lane's micro-batch (:func:`batch_sha256`)
+    before merging them; after ``next()``, :attr:`last_lane_digests` holds them in lane order
+    (what a batch ledger records, see :func:`ledger_digest`).
     """
 
     node_type = "router"
@@ -248,6 +511,7 @@ class Router(ZNode[Any]):
         pools: PoolSet | None = None,
         collate_fn: Callable[[Sequence[Any]], Any] = collate,
         prefetch: int = 0,
+        digests: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(prefetch, int) or prefetch < 0:
@@ -260,6 +524,10 @@ class Router(ZNode[Any]):
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
         self._delivered: dict[str, Any] | None = None
+        self._start_pending = False  # the prefetch thread starts on the first next() after a reset
+        self.digests = digests
+        #: SHA-256 of each owned lane's micro-batch of the last delivered step (``digests=True``)
+        self.last_lane_digests: list[str] | None = None
         if not isinstance(lanes, int) or lanes < 1:
             raise ValueError(f"lanes must be a positive integer, got {lanes!r}")
         self.owned = lanes_of_rank(lanes, world_size, rank)
@@ -281,6 +549,19 @@ class Router(ZNode[Any]):
 
     def upstreams(self) -> list[BaseNode]:
         return list(self._lanes or [])
+
+    @property
+    def end(self) -> LaneEnd | None:
+        """Where the run ends (None: it never ends). For a finite lane set this may count the
+        lanes' micro-batches on first use (with this rank's workers), unless a checkpoint or a
+        cache already gave the counts."""
+        return self.lane_set.lane_end(lanes=self.lanes, seed=self.seed, workers=self.workers, pools=self.pools)
+
+    @property
+    def ended(self) -> bool:
+        """Whether every step of a finite run has been delivered (never starts a count)."""
+        end = self.lane_set.known_end
+        return end is not None and self.step >= end.steps
 
     @property
     def lane_nodes(self) -> list[BaseNode]:
@@ -338,9 +619,12 @@ class Router(ZNode[Any]):
         super().reset(initial_state)
         self._stop_prefetch()
         self._reset_lanes(initial_state)
+        self.last_lane_digests = None
         if self.prefetch:
             self._delivered = self._snapshot()
-            self._start_prefetch()
+            # started by the first next(), not here: a reset that is only followed by a restore
+            # (DCP asks for a template state first) must not start computing (or counting) ahead
+            self._start_pending = True
 
     def _reset_lanes(self, initial_state: dict[str, Any] | None) -> None:
         if initial_state is None:
@@ -374,6 +658,14 @@ class Router(ZNode[Any]):
             from tqdm.auto import tqdm
 
             pairs = tqdm(pairs, desc=f"rank {self.rank}: restoring lanes (replay)", unit="lane", leave=False)
+        known = self.lane_set.known_end
+        if known is not None and known.lanes != self.lanes:
+            raise StateError(f"checkpoint 'shared.end' counts {known.lanes} lanes, the pipeline has {self.lanes}")
+        if known is not None and step > known.steps:
+            raise StateError(
+                f"checkpoint 'step' is {step} but the data ends after {known.steps} steps (end = {known.mode!r}); "
+                "the checkpoint does not belong to this data"
+            )
         for l, n in pairs:
             try:
                 n.reset(lane_state(initial_state, l))
@@ -381,16 +673,48 @@ class Router(ZNode[Any]):
                 raise StateError(f"checkpoint entry {lane_key(l)}: {e}") from None
         self.step = self._produced = step
 
-    def _compute(self) -> Any:
-        outs = [next(n) for n in self.lane_nodes]
+    def _compute(self) -> tuple[Any, list[str] | None]:
+        t = self._produced
+        end = self.end
+        if end is not None and t >= end.steps:
+            if t > end.steps:
+                raise StateError(
+                    f"{self!r}: restored at step {t} but the data ends after {end.steps} steps; "
+                    "the checkpoint does not belong to this data"
+                )
+            raise StopIteration  # the same step on every rank: no lane is touched
+        outs = []
+        for l, n in zip(self.owned, self.lane_nodes):
+            if end is not None and not end.holds(l, t):
+                outs.append(self.lane_set.pad_item(l))  # "pad": this lane ended before the longest
+                continue
+            try:
+                outs.append(next(n))
+            except StopIteration:
+                if end is None:
+                    raise PipelineError(
+                        f"lane {l} ended after {t} micro-batches, but its lane set declares no end, so the "
+                        "ranks would stop at different steps. Make the pipeline infinite, or give the lane set "
+                        'an end (LaneSet(build, end="drop") or end="pad" with pad=...; in a recipe: every '
+                        'dataset policy = "stop" and end = "drop" | "pad")'
+                    ) from None
+                raise PipelineError(
+                    f"lane {l} ended after {t} micro-batches, but it was counted to hold {end.lane_steps[l]}; "
+                    "the data or the pipeline changed since the count (clear the cached counts)"
+                ) from None
+        digests = [batch_sha256(o) for o in outs] if self.digests else None
         self._produced += 1
         if not self.prefetch:
             self.step = self._produced
-        return self.collate_fn(outs)
+        return self.collate_fn(outs), digests
 
     def next(self) -> Any:
         if not self.prefetch:
-            return self._compute()
+            value, self.last_lane_digests = self._compute()
+            return value
+        if self._start_pending:
+            self._start_pending = False
+            self._start_prefetch()
         q = self._queue
         if q is None:
             raise PipelineError(f"{self!r}: the prefetch thread is not running; reset() the router first")
@@ -402,6 +726,7 @@ class Router(ZNode[Any]):
                 if self._thread is None or not self._thread.is_alive():
                     raise PipelineError(f"{self!r}: the prefetch thread is gone") from None
         if kind == "ok":
+            value, self.last_lane_digests = value
             self._delivered = state
             self.step = state["step"]  # the step delivered, not the one the thread is computing
             return value
@@ -439,6 +764,7 @@ class Router(ZNode[Any]):
                 return
 
     def _stop_prefetch(self) -> None:
+        self._start_pending = False
         t, self._thread = self._thread, None
         if t is None:
             return
@@ -524,12 +850,18 @@ class Router(ZNode[Any]):
 
 
 class GlobalLoader:
-    """W routers in one process: global batches and merged states, for tests and ``zephon hashes``."""
+    """W routers in one process: global batches and merged states, for tests and ``zephon hashes``.
+
+    The routers share one lane set, so a finite run's lane counts are computed once; at the end
+    of a finite run the first router raises StopIteration before any router advances, so every
+    rank ends on the same step, exactly as W separate processes do.
+    """
 
     def __init__(self, lanes_from: LaneBuilder | LaneSet, *, lanes: int, world_size: int, **router_kwargs: Any) -> None:
         check_world_size(lanes, world_size)
+        lane_set = lanes_from if isinstance(lanes_from, LaneSet) else LaneSet(lanes_from)
         self.routers = [
-            Router(lanes_from, lanes=lanes, world_size=world_size, rank=r, **router_kwargs) for r in range(world_size)
+            Router(lane_set, lanes=lanes, world_size=world_size, rank=r, **router_kwargs) for r in range(world_size)
         ]
 
     def __iter__(self) -> Iterator[Any]:
@@ -537,6 +869,26 @@ class GlobalLoader:
 
     def __next__(self) -> Any:
         return collate([next(r) for r in self.routers])
+
+    @property
+    def end(self) -> LaneEnd | None:
+        """Where the run ends (None: never); see :attr:`Router.end`."""
+        return self.routers[0].end
+
+    @property
+    def step(self) -> int:
+        """Global batches delivered."""
+        return self.routers[0].step
+
+    def step_digest(self) -> str:
+        """:func:`ledger_digest` of the last delivered global batch (routers built with
+        ``digests=True``): the digest a batch ledger records for that step."""
+        lanes: list[str] = []
+        for r in self.routers:
+            if r.last_lane_digests is None:
+                raise PipelineError("no lane digests: build the loader with digests=True and call next() first")
+            lanes.extend(r.last_lane_digests)
+        return ledger_digest(lanes)
 
     def state_dict(self) -> dict[str, Any]:
         """Lane-keyed JSON state of every rank, merged: load it into a loader of any world size."""

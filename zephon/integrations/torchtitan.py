@@ -60,6 +60,27 @@ optimizer step, which is exactly there); ``state_dict()`` in the middle of a rec
 because the rows still owed by a half-used step cannot be redistributed to another DP degree.
 Inside TorchTitan's trainer the loader also checks at build time that the trainer's step equals
 the recipe's global batch, and says which flag to change when it does not.
+
+Validation on one fixed set, on every DP degree
+-----------------------------------------------
+``ZephonDataLoader`` also works as TorchTitan's ``validator.dataloader``. Give it a finite recipe
+(every dataset ``policy = "stop"``, ``[shuffle] buffer = 1``): on any number of DP ranks it yields
+the same rows in total, every rank the same number of steps, and all ranks stop on the same
+``next()`` call (the end of the data is a global step boundary, see ``end`` in the recipe), so
+``validator.steps = -1`` (the whole set) never hangs and the validation loss of a model is the
+same on 1, 2 or 64 ranks. ``with_zephon(config, train_recipe, validation="val.toml")`` sets it up.
+TorchTitan's own loader splits a validation set by rank into unequal parts (each rank a different
+number of steps: with ``steps = -1`` the ranks' collectives no longer match).
+
+The batch ledger
+----------------
+The trainer's loader writes one line per step to ``<dump_folder>/zephon_ledger/rank_NNNNN.jsonl``:
+the digest of each of the rank's lane micro-batches and its tokens per dataset (each rank hashes
+only its own lanes; nothing crosses ranks). ``zephon ledger show DUMP_FOLDER`` prints the digest
+of every global batch, ``zephon hashes RECIPE --digest ledger`` prints the same digests from the
+recipe alone (a CPU can check what a GPU job consumed), and ``zephon ledger diff A B`` compares
+two runs, or a run and a recipe (see :mod:`zephon.tools.ledger`). A resumed run appends.
+``--dataloader.ledger false`` turns it off.
 """
 
 from __future__ import annotations
@@ -88,6 +109,7 @@ from zephon.engine import (
     valid_world_sizes,
 )
 from zephon.recipe import Recipe, RecipeError
+from zephon.tools.ledger import LEDGER_DIR, LedgerWriter, dataset_tokens
 
 __all__ = ["ZephonDataLoader", "demo_recipe_path", "titan_mm_batch", "with_zephon", "zephon_llama3_debug"]
 
@@ -184,7 +206,8 @@ def demo_recipe_path(root: str | None = None) -> str:
 
 
 def _current_trainer_init() -> Any:
-    """The TorchTitan ``Trainer`` whose ``__init__`` is building us, if any (for checks only)."""
+    """The TorchTitan ``Trainer`` whose ``__init__`` is building us, if any (for checks and the
+    ledger's folder)."""
     mod = sys.modules.get("torchtitan.trainer")
     trainer_cls = getattr(mod, "Trainer", None)
     if trainer_cls is None:
@@ -255,8 +278,18 @@ class ZephonDataLoader(BaseDataLoader):
         records, packing efficiency) every N recipe steps through the ``zephon`` logger; 0 = never."""
 
         infinite: bool = True
-        """Accepted for TorchTitan's validator; how long data lasts is the recipe's choice
-        (dataset ``policy``). With a repeating recipe set ``validator.steps`` > 0."""
+        """Set by TorchTitan's validator (False for ``validator.steps = -1``: the whole set). How
+        long the data lasts is the recipe's choice (dataset ``policy``); False needs a finite
+        recipe (every dataset ``policy = "stop"``)."""
+
+        ledger: bool = True
+        """Write the batch ledger (one line per step: the digest of each of this rank's lane
+        micro-batches and its tokens per dataset) to ``<dump_folder>/zephon_ledger/`` when built
+        by TorchTitan's trainer, or to ``ledger_dir``."""
+
+        ledger_dir: str = ""
+        """Folder for the batch ledger ("" = ``<dump_folder>/zephon_ledger`` inside the trainer;
+        outside a trainer no ledger is written unless this is set)."""
 
         def load_recipe(self) -> Recipe:
             """The recipe with this config's overrides applied (validated)."""
@@ -331,10 +364,21 @@ class ZephonDataLoader(BaseDataLoader):
             )
         #: ``next()`` calls per recipe step (= grad-accum steps x pipeline microbatches)
         self.microbatches_per_step = self.rows_per_step // lbs
-        self._check_trainer()
+        if not config.infinite and not r.spec.finite:
+            repeating = [d.name for d in r.datasets if d.policy != "stop"]
+            raise ValueError(
+                f"zephon.titan: the loader was asked for a finite pass (infinite = False: TorchTitan's "
+                f"validator.steps = -1) but the recipe {config.recipe!r} never ends: dataset {repeating[0]!r} has "
+                'policy = "repeat". Set policy = "stop" on every dataset (and [shuffle] buffer = 1 for a fixed '
+                "validation set), or set --validator.steps N."
+            )
+        trainer = self._check_trainer()
         if tokenizer is not None and config.check_tokenizer:
             self._check_tokenizer(tokenizer)
-        self._router = r.router(W, self.dp_rank, workers=config.worker_override(r))
+        #: this rank's batch ledger (None: not written), see :mod:`zephon.tools.ledger`
+        self.ledger = self._open_ledger(trainer)
+        self._router = self._make_router()
+        self._end_state: dict[str, Any] | None = None  # the router's state at the end of a finite recipe
         self.special_tokens: dict[str, int] = {}
         if r.multimodal:
             p = r.prepare()
@@ -344,15 +388,51 @@ class ZephonDataLoader(BaseDataLoader):
         self._offset = 0  # rows of the buffered recipe step already handed out
         self._exhausted = False
 
+    def _make_router(self) -> Any:
+        r = self.recipe
+        return r.router(
+            self.dp_world_size,
+            self.dp_rank,
+            workers=self.config.worker_override(r),
+            digests=self.ledger is not None,
+        )
+
+    def _open_ledger(self, trainer: Any) -> LedgerWriter | None:
+        cfg = self.config
+        if not cfg.ledger:
+            return None
+        folder = cfg.ledger_dir
+        if not folder:
+            dump = getattr(getattr(trainer, "config", None), "dump_folder", None)
+            if not dump:
+                return None
+            folder = os.path.join(dump, LEDGER_DIR)
+        r = self.recipe
+        path = cfg.recipe if cfg.recipe != "demo" else demo_recipe_path()
+        return LedgerWriter(
+            folder,
+            rank=int(os.environ.get("RANK", self.dp_rank)),
+            world_size=self.dp_world_size,
+            lane_range=self._owned(),
+            lanes=r.lanes,
+            recipe=os.path.abspath(path),
+            fingerprint=r.fingerprint,
+            datasets=[d.name for d in r.datasets],
+        )
+
+    def _owned(self) -> range:
+        per = self.recipe.lanes // self.dp_world_size
+        return range(self.dp_rank * per, (self.dp_rank + 1) * per)
+
     # -- checks ------------------------------------------------------------------------------
-    def _check_trainer(self) -> None:
+    def _check_trainer(self) -> Any:
         trainer = _current_trainer_init()
         if trainer is None:
-            return
+            return None
         ga = getattr(trainer, "gradient_accumulation_steps", None)
         pp = getattr(trainer, "num_pipeline_parallel_microbatches", 1)
         if not isinstance(ga, int) or not isinstance(pp, int):
-            return
+            return trainer
         calls = ga * pp
         if calls != self.microbatches_per_step:
             trainer_global = calls * self.local_batch_size * self.dp_world_size
@@ -364,6 +444,7 @@ class ZephonDataLoader(BaseDataLoader):
                 f"zephon.titan.with_zephon, which does), so that one trainer step is one recipe step; otherwise "
                 "checkpoints fall in the middle of a recipe step and cannot resume on another DP degree."
             )
+        return trainer
 
     def _check_tokenizer(self, tokenizer: Any) -> None:
         get = getattr(tokenizer, "get_vocab_size", None)
@@ -399,6 +480,12 @@ class ZephonDataLoader(BaseDataLoader):
 
     def _fetch(self) -> None:
         batch = next(self._router)
+        if self.ledger is not None:
+            r = self.recipe
+            digests = self._router.last_lane_digests
+            assert digests is not None
+            tokens = dataset_tokens(batch["dataset"], r.rows_per_lane, len(r.datasets))
+            self.ledger.write(self._router.step - 1, digests, tokens)
         self.on_local_batch(self._router.step, batch)
         every = self.config.log_every
         if every and self._router.step % every == 0:
@@ -418,7 +505,7 @@ class ZephonDataLoader(BaseDataLoader):
             try:
                 self._fetch()
             except StopIteration:
-                self._exhausted = True
+                self._finish()
                 raise
         lo, hi = self._offset, self._offset + self.local_batch_size
         self._offset = hi
@@ -441,6 +528,17 @@ class ZephonDataLoader(BaseDataLoader):
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         return self
+
+    def _finish(self) -> None:
+        """The end of a finite recipe (the same ``next()`` call on every rank): keep the final
+        state, release the workers (TorchTitan's validator never closes its loader)."""
+        self._exhausted = True
+        self._buffer = None
+        self._end_state = self._router.state_dict()
+        end = self._router.end
+        if self.config.log_every and end is not None:
+            _LOG.info("zephon rank %d: %s", self.dp_rank, end.describe())
+        self.close()
 
     # -- checkpointing -----------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
@@ -476,6 +574,8 @@ class ZephonDataLoader(BaseDataLoader):
                 "fall between optimizer steps: make one trainer step consume exactly the recipe's global batch "
                 f"(--training.global_batch_size {self.recipe.global_batch_size})."
             )
+        if self._end_state is not None:  # after the end of a finite recipe: the end, resumable anywhere
+            return encode_state(self._end_state)
         return encode_state(self._router.state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -491,6 +591,8 @@ class ZephonDataLoader(BaseDataLoader):
             )
         # a value that came back as a uint8 tensor (a storage layer that tensorises bytes) is read as its bytes
         entries = {k: (v.numpy().tobytes() if isinstance(v, torch.Tensor) else v) for k, v in state_dict.items()}
+        if self._router.closed:  # ended (or closed) earlier: a fresh router takes the state
+            self._router = self._make_router()
         try:
             state = decode_state(entries)
             self._router.reset(state)
@@ -499,10 +601,13 @@ class ZephonDataLoader(BaseDataLoader):
         self._buffer = None
         self._offset = 0
         self._exhausted = False
+        self._end_state = None
 
     def close(self) -> None:
-        """Stop this rank's workers (idempotent)."""
+        """Stop this rank's workers and close its ledger file (idempotent)."""
         self._router.close()
+        if self.ledger is not None:
+            self.ledger.close()
 
     def __del__(self) -> None:  # pragma: no cover - best effort; close() is the real API
         try:
@@ -521,7 +626,14 @@ class ZephonDataLoader(BaseDataLoader):
 
 
 # -- config functions ------------------------------------------------------------------------
-def with_zephon(trainer_config: Any, recipe: str, *, local_batch_size: int | None = None, **overrides: Any) -> Any:
+def with_zephon(
+    trainer_config: Any,
+    recipe: str,
+    *,
+    local_batch_size: int | None = None,
+    validation: str | None = None,
+    **overrides: Any,
+) -> Any:
     """Make any TorchTitan ``Trainer.Config`` train on a zephon recipe; returns the same object.
 
     Sets ``dataloader``, ``training.seq_len`` and ``training.global_batch_size`` from the recipe
@@ -529,6 +641,13 @@ def with_zephon(trainer_config: Any, recipe: str, *, local_batch_size: int | Non
     ``checkpoint.last_save_model_only = False`` so the last checkpoint keeps the loader state.
     ``local_batch_size`` (rows per ``next()``) defaults to the config's own if it divides the
     global batch, else to the global batch.
+
+    ``validation``: a finite recipe (every dataset ``policy = "stop"``) to validate on, the same
+    set on every DP degree: sets ``validator.enable``, ``validator.steps = -1`` (the whole set,
+    which never hangs with it) and ``validator.dataloader`` (no ledger, no metrics lines; the
+    workers of ``overrides``). ``validator.freq`` stays the config's. The validator asks for
+    ``training.local_batch_size`` rows per ``next()``, so that must divide the validation
+    recipe's ``global_batch_size / W`` on every DP degree W.
     """
     cfg = ZephonDataLoader.Config(recipe=recipe, **overrides)
     r = cfg.load_recipe()
@@ -543,6 +662,31 @@ def with_zephon(trainer_config: Any, recipe: str, *, local_batch_size: int | Non
         trainer_config.checkpoint, "last_save_model_only"
     ):
         trainer_config.checkpoint.last_save_model_only = False
+    if validation is not None:
+        perf = {k: overrides[k] for k in ("workers", "backend") if k in overrides}
+        vcfg = ZephonDataLoader.Config(recipe=validation, ledger=False, log_every=0, infinite=False, **perf)
+        vr = vcfg.load_recipe()
+        if not vr.spec.finite:
+            repeating = next(d.name for d in vr.datasets if d.policy != "stop")
+            raise ValueError(
+                f"zephon.titan: the validation recipe {validation!r} never ends (dataset {repeating!r} has "
+                'policy = "repeat"); a validation set is finite: set policy = "stop" on every dataset'
+            )
+        if vr.seq_len != r.seq_len:
+            raise ValueError(
+                f"zephon.titan: the validation recipe has seq_len = {vr.seq_len}, the training recipe "
+                f"{r.seq_len}; TorchTitan validates with training.seq_len: make them equal"
+            )
+        lbs = trainer_config.training.local_batch_size
+        if vr.global_batch_size % lbs:
+            raise ValueError(
+                f"zephon.titan: the validator asks for training.local_batch_size = {lbs} rows per next(), which "
+                f"does not divide the validation recipe's global_batch_size = {vr.global_batch_size}; use a "
+                "multiple of it"
+            )
+        trainer_config.validator.enable = True
+        trainer_config.validator.steps = -1
+        trainer_config.validator.dataloader = vcfg
     return trainer_config
 
 

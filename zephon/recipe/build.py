@@ -11,6 +11,12 @@ an image-text lane::
 :class:`RecipeLanes` is the :class:`zephon.engine.LaneSet` a router builds its lanes from: it
 carries the :class:`~zephon.recipe.prepare.Prepared` recipe (and with it the token estimates a
 checkpoint saves and a resume adopts) and the recipe's lane-state migrations.
+
+A finite recipe (every dataset ``policy = "stop"``) is a lane set with an end
+(``end = "pad"`` by default, or ``"drop"``): its per-lane micro-batch counts come from a dry run
+of every lane, cached on disk (:func:`zephon.recipe.prepare.cached_lane_steps`) and carried in
+every checkpoint. With ``"pad"`` a lane's last partial micro-batch is completed with padding
+rows (no row is lost) and an ended lane delivers a micro-batch of padding rows.
 """
 
 from __future__ import annotations
@@ -22,14 +28,24 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from zephon.data import set_tokenizers_parallelism
-from zephon.engine import LaneContext, LaneSet, OrderedMapper, WorkerConfig
-from zephon.nodes import Batch, LaneWorkSource, MMPack, Pack, SkipCounter, WindowShuffle
+from zephon.engine import LaneContext, LaneSet, OrderedMapper, PoolSet, WorkerConfig, count_lane_steps
+from zephon.nodes import (
+    Batch,
+    LaneWorkSource,
+    MMPack,
+    Pack,
+    SkipCounter,
+    WindowShuffle,
+    mm_pad_batch,
+    pad_row,
+    pad_rows,
+)
 
 from .migrations import LANE_MIGRATIONS
-from .prepare import Prepared
+from .prepare import Prepared, cached_lane_steps
 from .spec import RecipeSpec
 
-__all__ = ["RecipeLanes", "build_lane", "max_doc_tokens", "prefetch_depth"]
+__all__ = ["RecipeLanes", "build_lane", "max_doc_tokens", "pad_item", "prefetch_depth"]
 
 #: chunks a rank's lanes may hold in flight per worker: text chunks are tens of KB of token ids,
 #: image chunks tens of MB of patches
@@ -115,30 +131,63 @@ def build_lane(p: Prepared, ctx: LaneContext, workers: WorkerConfig | None = Non
         max_open=spec.pack.max_open,
         max_doc_tokens=max_doc_tokens(spec),
     )
-    return Batch(_shuffle(spec, node, ctx.lane, spec.shuffle.buffer), batch_size=spec.rows_per_lane)
+    fill = pad_row(spec.seq_len, p.pad_id) if spec.end == "pad" else None
+    return Batch(_shuffle(spec, node, ctx.lane, spec.shuffle.buffer), batch_size=spec.rows_per_lane, fill=fill)
+
+
+def pad_item(p: Prepared, lane: int) -> dict:
+    """The micro-batch an ended lane of a finite recipe with ``end = "pad"`` delivers: padding
+    rows with the fields and dtypes of the recipe's own micro-batches (labels -100)."""
+    spec = p.spec
+    if spec.multimodal:
+        v = spec.vision.config
+        return mm_pad_batch(
+            rows=spec.rows_per_lane, seq_len=spec.seq_len, patch_dim=v.patch_dim, pad_id=p.pad_id, mrope=v.mrope
+        )
+    return pad_rows(spec.rows_per_lane, spec.seq_len, p.pad_id)
 
 
 class RecipeLanes(LaneSet):
-    """A prepared recipe's lanes, and the derived values (token estimates) they are built from.
+    """A prepared recipe's lanes, and the derived values (token estimates; for a finite recipe
+    the per-lane step counts) they are built from.
 
     :meth:`adopt` returns the lanes a checkpoint's values describe (re-planned with its token
-    estimates) without changing this object; the recipe's lane-state migrations travel with it.
+    estimates, ending where it says) without changing this object; the recipe's lane-state
+    migrations travel with it.
     """
 
     lane_migrations = LANE_MIGRATIONS
 
     def __init__(self, prepared: Prepared, workers: WorkerConfig | None = None) -> None:
-        super().__init__(functools.partial(build_lane, prepared, workers=workers))
+        end = prepared.spec.end
+        super().__init__(
+            functools.partial(build_lane, prepared, workers=workers),
+            end=end,
+            pad=functools.partial(pad_item, prepared) if end == "pad" else None,
+        )
         self.prepared, self.workers = prepared, workers
 
-    def shared_state(self) -> dict[str, Any]:
-        """Token estimates and the data and tokenizer fingerprints (see :meth:`Prepared.shared_state`)."""
-        return self.prepared.shared_state()
+    def count_steps(
+        self, *, lanes: int, seed: int, workers: WorkerConfig | None = None, pools: PoolSet | None = None
+    ) -> list[int]:
+        """The recipe's per-lane micro-batch counts: cached on disk, else a dry run of every lane
+        with the calling rank's workers and pools."""
 
-    def adopt(self, shared: Mapping[str, Any]) -> RecipeLanes:
-        """These lanes, or lanes planned with the checkpoint's token estimates."""
-        p = self.prepared.adopt(shared)
-        return self if p is self.prepared else RecipeLanes(p, self.workers)
+        def count() -> list[int]:
+            return count_lane_steps(self.build, lanes=lanes, seed=seed, workers=workers, pools=pools)
+
+        return cached_lane_steps(self.prepared, count)
+
+    def shared_state(self) -> dict[str, Any]:
+        """Token estimates and the data and tokenizer fingerprints (see :meth:`Prepared.shared_state`),
+        and a finite recipe's end once counted."""
+        return {**self.prepared.shared_state(), **super().shared_state()}
+
+    def adopt(self, shared: Mapping[str, Any]) -> LaneSet:
+        """These lanes, or lanes planned with the checkpoint's token estimates (and its counts)."""
+        p = self.prepared.adopt({k: v for k, v in shared.items() if k not in LaneSet.shared_keys})
+        lanes = self if p is self.prepared else RecipeLanes(p, self.workers)
+        return lanes.adopt_end(shared)
 
     def __repr__(self) -> str:
         return f"RecipeLanes(fingerprint={self.prepared.fingerprint}, workers={self.workers})"

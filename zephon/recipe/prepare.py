@@ -6,28 +6,49 @@ sample of each dataset and plans the work (:class:`zephon.nodes.WorkPlan`). The 
 every checkpoint: :meth:`Prepared.adopt` returns the :class:`Prepared` a resumed run must use, so
 a resume never silently re-derives them, and it refuses a checkpoint whose files or tokenizer
 changed, naming what changed.
+
+A finite recipe also needs, before its first step, how many micro-batches each lane holds (the
+end of the data is a global step boundary, see :class:`zephon.engine.LaneEnd`). That count is a
+pass over the data; :func:`cached_lane_steps` keeps it on disk next to the dataset indexes,
+keyed by the recipe's fingerprint and token estimates, so it is paid once per data definition.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
+import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from zephon.data import TextTokenizer, index_dataset, index_multimodal
+from zephon.data import TextTokenizer, default_cache_dir, index_dataset, index_multimodal
 from zephon.engine import IndexPermutation, StateError, stable_u64
 from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WorkPlan, reason_class
 
 from .spec import DatasetSpec, RecipeError, RecipeSpec
 
-__all__ = ["Prepared", "TokenEstimate", "estimate_tokens", "prepare", "record_weights", "work_plan"]
+__all__ = [
+    "Prepared",
+    "TokenEstimate",
+    "cached_lane_steps",
+    "estimate_tokens",
+    "lane_steps_key",
+    "prepare",
+    "record_weights",
+    "work_plan",
+]
+
+_LOG = logging.getLogger("zephon")
 
 
 #: bytes of each sampled text that token estimation tokenizes (a longer text is measured on its
@@ -424,3 +445,83 @@ def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
         fingerprint=h.hexdigest()[:32],
         special=special,
     )
+
+
+def lane_steps_key(p: Prepared) -> str:
+    """What a finite recipe's per-lane step counts depend on: its fingerprint (data definition,
+    files, tokenizer, end mode) and the token estimates its plan was made with."""
+    est = json.dumps(
+        {k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(p.estimates.items())},
+        sort_keys=True,
+    )
+    return hashlib.sha256(f"{p.fingerprint}\0{est}".encode()).hexdigest()[:32]
+
+
+def _read_counts(path: str, lanes: int) -> list[int] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            got = json.load(f).get("lane_steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(got, list) and len(got) == lanes and all(type(n) is int and n >= 0 for n in got):
+        return got
+    return None
+
+
+def cached_lane_steps(p: Prepared, count: Callable[[], Sequence[int]]) -> list[int]:
+    """The micro-batches each lane of the finite recipe ``p`` holds: from the cache folder
+    (the recipe's ``cache_dir``, else ``$ZEPHON_CACHE_DIR`` / ``~/.cache/zephon/index``) when
+    there, else ``count()`` (a dry run of every lane) stored there under a file lock, so that
+    the ranks of one node sharing the folder count once and the others wait and read it.
+
+    The count is a pass over the data (read, tokenize, pack: what one epoch of loading costs,
+    with the rank's workers); the file is keyed by :func:`lane_steps_key`, so any change of
+    the data definition counts again."""
+    folder = p.spec.cache_dir or default_cache_dir()
+    path = os.path.join(folder, f"lane_steps-{lane_steps_key(p)}.json")
+    lanes = p.spec.lanes
+    got = _read_counts(path, lanes)
+    if got is not None:
+        return got
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock = open(path + ".lock", "a+")
+    except OSError as e:
+        warnings.warn(
+            f"zephon: cannot write the lane step cache in {folder!r} ({e}); counting without caching. "
+            "Set ZEPHON_CACHE_DIR to a writable directory.",
+            stacklevel=2,
+        )
+        return [int(n) for n in count()]
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the ranks of a node: one counts, the others wait and read
+        try:
+            got = _read_counts(path, lanes)
+            if got is not None:
+                return got
+            t0 = time.perf_counter()
+            got = [int(n) for n in count()]
+            seconds = time.perf_counter() - t0
+            record = {
+                "fingerprint": p.fingerprint,
+                "lanes": lanes,
+                "end": p.spec.end,
+                "lane_steps": got,
+                "count_seconds": round(seconds, 3),
+            }
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(record, f)
+            os.replace(tmp, path)
+            _LOG.info(
+                "zephon: counted the micro-batches of the %d lanes of a finite recipe in %.1f s (%d..%d per lane); "
+                "cached in %s",
+                lanes,
+                seconds,
+                min(got),
+                max(got),
+                path,
+            )
+            return got
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon.data import DEFAULT_MAX_RECORD_BYTES, FORMATS, KINDS, MM_FORMATS, TEXT_MODES
-from zephon.engine import BACKENDS, MAX_CHUNK_SIZE, WorkerConfig
+from zephon.engine import BACKENDS, END_MODES, MAX_CHUNK_SIZE, WorkerConfig
 from zephon.nodes import ALGORITHMS, ON_ERROR, POLICIES, VisionConfig, WeightSchedule
 
 __all__ = [
@@ -237,6 +237,15 @@ class RecipeSpec:
     workers: WorkersSpec = WorkersSpec()
     vision: VisionSpec = VisionSpec()
     cache_dir: str | None = None
+    #: how a finite recipe ends (every dataset ``policy = "stop"``): "pad" or "drop"; None for a
+    #: recipe that never ends (it has a "repeat" dataset)
+    end: str | None = None
+
+    @property
+    def finite(self) -> bool:
+        """Whether the data ends: every dataset has ``policy = "stop"`` (a "repeat" dataset
+        never runs out, and the lanes fall back to it)."""
+        return all(s.policy == "stop" for s in self.datasets)
 
     @property
     def rows_per_lane(self) -> int:
@@ -275,6 +284,8 @@ class RecipeSpec:
         }
         if self.multimodal:
             out["vision"] = dataclasses.asdict(self.vision.config) | {"tokens": dict(self.vision.tokens)}
+        if self.end is not None:  # finite recipes only: the fingerprints of the others stay
+            out["end"] = self.end
         return out
 
 
@@ -300,6 +311,7 @@ TOP_KEYS = [
     "schedule",
     "tokenize",
     "vision",
+    "end",
 ]
 VISION_KEYS = [
     "patch_size",
@@ -425,6 +437,7 @@ def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
     if cache_dir is not None:
         cache_dir = _path(base_dir, _str("", "cache_dir", cache_dir))
     datasets = _datasets(r["datasets"], base_dir)
+    end = _end(r.get("end"), datasets)
     vision = _vision(r.get("vision", {}))
     workers = _vision_workers(r.get("vision", {}), _workers(r))
     shuffle = _shuffle(r.get("shuffle", {}))
@@ -449,7 +462,23 @@ def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
         workers=workers,
         vision=vision,
         cache_dir=cache_dir,
+        end=end,
     )
+
+
+def _end(end: Any, datasets: Sequence[DatasetSpec]) -> str | None:
+    """The ``end`` key: how a finite recipe's last step is made (default "pad")."""
+    repeating = [s.name for s in datasets if s.policy != "stop"]
+    if end is None:
+        return None if repeating else "pad"
+    end = _str("", "end", end, END_MODES)
+    if repeating:
+        raise RecipeError(
+            f'recipe: end = {end!r} applies to a finite recipe (every dataset policy = "stop"), but dataset '
+            f'{repeating[0]!r} has policy = "repeat" and never runs out; set policy = "stop" on every dataset '
+            "or remove end"
+        )
+    return end
 
 
 def _tokenizer(tok: Any, base_dir: str) -> TokenizerSpec:

@@ -1,4 +1,4 @@
-"""The ``zephon`` command line: ``demo``, ``hashes``, ``inspect``.
+"""The ``zephon`` command line: ``demo``, ``hashes``, ``inspect``, ``ledger``.
 
 Each command is also a function here, so a notebook or a test can call it without a shell.
 """
@@ -33,6 +33,7 @@ from zephon.recipe import Recipe, RecipeError, max_workers
 
 from .demo import demo_recipe
 from .display import describe_plan, format_batch_rows, format_row
+from .ledger import run_ledger_diff, run_ledger_show
 
 __all__ = ["main", "run_hashes"]
 
@@ -79,11 +80,16 @@ def run_hashes(
     checkpoint: str | None = None,
     resume: str | None = None,
     out: Any = None,
+    digest: str = "batch",
+    err: Any = None,
 ) -> list[str]:
     """Print ``step <t> <sha256>`` for each global batch; optionally save or resume lane-keyed state.
 
     Why: comparing these lines between runs on different world sizes (or after a resume) is the
-    end-to-end check of elastic determinism.
+    end-to-end check of elastic determinism. ``digest="batch"``: :func:`zephon.batch_sha256` of
+    the global batch; ``"ledger"``: the digest a run's batch ledger records for the step
+    (:func:`zephon.engine.ledger_digest` of the lanes' digests). A finite recipe that ends
+    before ``steps`` prints every step there is and says on ``err`` (stderr) where it ended.
 
     >>> import io, tempfile
     >>> from zephon.tools.demo import demo_recipe
@@ -94,9 +100,12 @@ def run_hashes(
     (True, True)
     """
     out = sys.stdout if out is None else out  # looked up per call (redirected stdout, doctest)
+    err = sys.stderr if err is None else err
+    if digest not in ("batch", "ledger"):
+        raise ValueError(f"digest must be 'batch' or 'ledger', got {digest!r}")
     hashes = []
     state = load_state(_state_file(resume), lanes=recipe.lanes) if resume else None
-    with recipe.global_loader(world_size, workers=workers) as g:
+    with recipe.global_loader(world_size, workers=workers, digests=digest == "ledger") as g:
         start = 0
         if state is not None:
             g.load_state_dict(state)
@@ -107,7 +116,20 @@ def run_hashes(
                 "nothing would be saved; give a step in that range"
             )
         for t in range(start, start + steps):
-            h = batch_sha256(next(g))
+            try:
+                batch = next(g)
+            except StopIteration:
+                shown = f"printed steps {start}..{t - 1}" if t > start else "printed no step"
+                print(
+                    f"zephon hashes: {g.end.describe() if g.end else 'the data ended'}; {shown} "
+                    f"of the {steps} asked for (steps {start}..{start + steps - 1})",
+                    file=err,
+                    flush=True,
+                )
+                if save_at is not None and save_at > t:
+                    print(f"zephon hashes: no state saved: the data ended before step {save_at}", file=err)
+                break
+            h = g.step_digest() if digest == "ledger" else batch_sha256(batch)
             hashes.append(h)
             print(f"step {t} {h}", file=out, flush=True)
             if save_at is not None and checkpoint is not None and t + 1 == save_at:
@@ -190,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--save-at", type=_positive, default=None, help="save the lane-keyed state after this step")
     h.add_argument("--checkpoint", default=None, help="folder for --save-at")
     h.add_argument("--resume", default=None, help="folder (or file) written by --save-at; any valid world size")
+    h.add_argument(
+        "--digest",
+        choices=["batch", "ledger"],
+        default="batch",
+        help="batch: sha256 of the global batch; ledger: the digest a run's batch ledger records (zephon ledger)",
+    )
     i = sub.add_parser(
         "inspect", help="show the plan: datasets, token shares, lanes; --show N decoded rows", parents=[common]
     )
@@ -197,6 +225,27 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--show", type=_count, default=0)
     i.add_argument("--world-size", type=_positive, default=None)
     i.add_argument("--measure-steps", type=_positive, default=4, help="steps run to measure packing efficiency")
+    led = sub.add_parser("ledger", help="batch ledgers: what a run consumed, per step (show, diff)", parents=[common])
+    lsub = led.add_subparsers(dest="ledger_cmd", required=True)
+    ls = lsub.add_parser(
+        "show", help="print `step <t> <digest>` per global batch of a ledger (as hashes --digest ledger)"
+    )
+    ls.add_argument("ledger", help="a run's dump folder, or its zephon_ledger/ folder")
+    ld = lsub.add_parser(
+        "diff", help="compare two ledgers, a ledger and a recipe, or two recipes: first differing step, lanes, data"
+    )
+    ld.add_argument("a", help="ledger folder, dump folder or recipe .toml")
+    ld.add_argument("b", help="ledger folder, dump folder or recipe .toml")
+    ld.add_argument(
+        "--steps", type=_positive, default=None, help="compare global batches 0..N-1 (two recipes: default 100)"
+    )
+    ld.add_argument(
+        "--world-size", type=_positive, default=1, help="ranks a recipe side is computed with (never changes it)"
+    )
+    ld.add_argument(
+        "--recipe-a", default=None, help="recipe of ledger A, to name documents (default: the one it names)"
+    )
+    ld.add_argument("--recipe-b", default=None, help="recipe of ledger B")
     args = parser.parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("ZEPHON_DEBUG", "") not in ("", "0")
 
@@ -256,6 +305,17 @@ def _count(text: str) -> int:
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.cmd == "demo":
         return _demo(args)
+    if args.cmd == "ledger":
+        if args.ledger_cmd == "show":
+            return run_ledger_show(args.ledger)
+        return run_ledger_diff(
+            args.a,
+            args.b,
+            steps=args.steps,
+            world_size=args.world_size,
+            recipe_a=args.recipe_a,
+            recipe_b=args.recipe_b,
+        )
     recipe = Recipe.from_toml(args.recipe)
     if args.cmd == "hashes":
         if (args.save_at is None) != (args.checkpoint is None):
@@ -280,6 +340,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             save_at=args.save_at,
             checkpoint=args.checkpoint,
             resume=args.resume,
+            digest=args.digest,
         )
         return 0
     if args.cmd == "inspect":

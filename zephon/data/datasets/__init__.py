@@ -9,7 +9,15 @@ this package answers "how many records, how big is each, give me records i, j, k
 """
 
 from .errors import BadRecord, DataError
-from .index import DEFAULT_MAX_RECORD_BYTES, FORMATS, TEXT_MODES, DatasetIndex, ShardMeta, index_dataset
+from .index import (
+    DEFAULT_MAX_RECORD_BYTES,
+    FORMATS,
+    TEXT_MODES,
+    DatasetIndex,
+    ShardMeta,
+    default_cache_dir,
+    index_dataset,
+)
 from .multimodal import KINDS, MM_FORMATS, MMRecord, MultimodalIndex, image_header_size, index_multimodal
 
 __all__ = [
@@ -24,6 +32,7 @@ __all__ = [
     "MMRecord",
     "MultimodalIndex",
     "ShardMeta",
+    "default_cache_dir",
     "image_header_size",
     "index_dataset",
     "index_multimodal",

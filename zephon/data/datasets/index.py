@@ -34,6 +34,7 @@ __all__ = [
     "TEXT_MODES",
     "DatasetIndex",
     "ShardMeta",
+    "default_cache_dir",
     "index_dataset",
     "resolve_files",
 ]
@@ -128,9 +129,14 @@ def _version_of(info: dict) -> str:
     return ""
 
 
-def _default_cache_dir() -> str:
+def default_cache_dir() -> str:
+    """Where dataset indexes (and a finite recipe's per-lane step counts) are cached when a
+    recipe sets no ``cache_dir``: ``$ZEPHON_CACHE_DIR``, else ``~/.cache/zephon/index``."""
     env = os.environ.get("ZEPHON_CACHE_DIR")
     return env if env else os.path.join(os.path.expanduser("~"), ".cache", "zephon", "index")
+
+
+_default_cache_dir = default_cache_dir
 
 
 def _cache_key(url: str, fmt: str, text_field: str, text_mode: str) -> str:
