@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from state_edits import resealed
 
 from zephon.engine import (
     GlobalLoader,
@@ -170,8 +171,9 @@ def test_the_counts_travel_in_the_checkpoint_and_are_adopted(counts):
         g.load_state_dict(state)
         assert len(run_to_end(g)) == min(counts) - 1
     # another end mode, or an infinite pipeline, refuses the checkpoint by name
-    bad_counts = dict(state, shared={"end": {"mode": "drop", "lane_steps": counts[:3]}})
-    past_the_end = dict(state, step=min(counts) + 1)
+    # (resealed: edits a forger made consistent, so the check that refuses them is the end's own)
+    bad_counts = resealed(state, lambda raw: raw["shared"].update(end={"mode": "drop", "lane_steps": counts[:3]}))
+    past_the_end = resealed(state, lambda raw: raw.update(step=min(counts) + 1))
     for lanes, st, needle in [
         (lane_set("pad"), state, "end = 'drop' but the pipeline has end = 'pad'"),
         (LaneSet(uneven), state, "finite run"),

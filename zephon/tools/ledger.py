@@ -511,7 +511,7 @@ def recipe_differences(a: Recipe, b: Recipe) -> list[str]:
     """What differs between two recipes' data definitions (``key: A -> B``, datasets by name),
     and which datasets' files or which tokenizer differ (from their fingerprints).
 
-    >>> from zephon.demo import demo_recipe
+    >>> from zephon.tools.demo import demo_recipe
     >>> import tempfile
     >>> r = demo_recipe(tempfile.mkdtemp(), scale=0.01)
     >>> recipe_differences(r, r.replace(seed=5))
