@@ -288,12 +288,27 @@ class OrderedMapper(ZNode[Any]):
             "workers": f"{self.workers.count} {self.workers.backend}",
         }
 
+    def _await(self, task: _Task) -> Any:
+        """The task's result within ``timeout_s``; raises BrokenProcessPool as soon as one of the
+        pool's process workers is found gone (checked every second while waiting), whether or
+        not the executor has noticed yet."""
+        deadline = time.monotonic() + self.workers.timeout_s
+        while True:
+            try:
+                return task.future.result(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            except cf.TimeoutError:
+                lost = self.pool.lost_workers() if self.pool is not None else []
+                if lost and not task.future.done():
+                    raise BrokenProcessPool(f"worker process {lost[0]} is gone") from None
+                if time.monotonic() >= deadline:
+                    raise
+
     def _collect(self, task: _Task) -> list[Any]:
         t0 = time.perf_counter()
         if self.pool is not None:
             self.pool.demand(task.future)  # the consumer waits for it: run it next
         try:
-            res = task.future.result(timeout=self.workers.timeout_s)
+            res = self._await(task)
             self._wait += time.perf_counter() - t0
         except cf.TimeoutError:
             raise PipelineError(

@@ -239,6 +239,17 @@ class WorkerPool:
             arenas.set_in_flight(math.ceil(self._in_flight / self.config.count))
         return arenas
 
+    def lost_workers(self) -> list[int]:
+        """Pids of this pool's process workers that are gone (exited, killed, or a zombie not yet
+        reaped). Why: the executor notices a dead worker only through its management thread and
+        the start method's sentinel; a consumer waiting for a result checks this too, so a killed
+        worker surfaces within seconds even when that notice is late."""
+        ex = self._executor
+        if not isinstance(ex, cf.ProcessPoolExecutor):
+            return []
+        procs = dict(getattr(ex, "_processes", None) or {})
+        return [pid for pid in procs if not _pid_running(pid)]
+
     def note_in_flight(self, tasks: int) -> None:
         """A user of the pool may hold ``tasks`` more (or, negative, fewer) tasks in flight:
         the unit of the result arenas' automatic budget."""
@@ -393,6 +404,24 @@ class WorkerPool:
 
     def __repr__(self) -> str:
         return f"WorkerPool({self.config.count} {self.config.backend}s)"
+
+
+def _pid_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux: /proc; elsewhere ``kill(pid, 0)``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _settle(fut: cf.Future, *, result: Any = None, exc: BaseException | None = None) -> None:
