@@ -21,11 +21,36 @@ SIZES: dict[str, dict[str, int]] = {
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, ".data")
+#: zephon's bundled tokenizer (a path, so that corpora need no import of zephon)
+TOKENIZER_DIR = os.path.join(os.path.dirname(HERE), "zephon", "data", "assets", "tokenizer")
+
+
+def synth():
+    """``zephon.tools.synth`` (numpy only). Loaded from its file where zephon cannot be imported
+    (a machine without torchdata: the Grain contenders still get their corpora)."""
+    try:
+        from zephon.tools import synth as mod
+
+        return mod
+    except ImportError:
+        import importlib.util
+        import sys
+
+        name = "zephon_synth_standalone"
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(
+                name, os.path.join(os.path.dirname(HERE), "zephon", "tools", "synth.py")
+            )
+            assert spec is not None and spec.loader is not None
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+        return sys.modules[name]
 
 
 def text_corpus(size: str) -> dict[str, object]:
     """Generate (once) and describe the JSONL corpus of ``size``: dir, glob, files, bytes, docs."""
-    from zephon.tools.synth import generate_documents, write_jsonl
+    generate_documents, write_jsonl = synth().generate_documents, synth().write_jsonl
 
     spec = SIZES[size]
     root = os.path.join(DATA, f"text_{size}")
@@ -138,7 +163,7 @@ def draw_image(seed: int, i: int, min_side: int, max_side: int) -> dict[str, obj
 
 def captions(n: int, seed: int):
     """``n`` captions of 8-37 words: the start of synthetic web documents (``zephon.synth``)."""
-    from zephon.tools.synth import generate_documents
+    generate_documents = synth().generate_documents
 
     out = []
     for j, doc in enumerate(generate_documents("web", n, seed)):
@@ -154,8 +179,6 @@ def vl_tokenizer() -> str:
 
     from tokenizers import AddedToken, Tokenizer
 
-    from zephon.tools.demo import TOKENIZER_DIR
-
     folder = os.path.join(DATA, "vl_tokenizer")
     if not os.path.exists(os.path.join(folder, "tokenizer.json")):
         os.makedirs(folder, exist_ok=True)
@@ -170,7 +193,7 @@ def vision_corpus(size: str) -> dict[str, object]:
     """Generate (once) and describe the image-text corpus of ``size``: WebDataset ``.tar`` shards
     (``{key}.jpg`` or ``{key}.png`` + ``{key}.txt`` per sample) under ``.data/vision_<size>/``.
     Shard ``k`` holds images ``k * images .. (k + 1) * images - 1`` of seed 2000."""
-    from zephon.tools.synth import write_wds
+    write_wds = synth().write_wds
 
     spec = VISION_SIZES[size]
     root = os.path.join(DATA, f"vision_{size}")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-ORDER = ["zephon", "grain_threads", "grain_mp", "torchdata", "titan", "titan_nw2", "limit"]
+ORDER = ["zephon", "zephon_proc", "grain_threads", "grain_mp", "torchdata", "titan", "titan_nw2", "limit"]
 
 DIFFERENCES = """\
 All contenders read the same JSONL shards, use the same tokenizer file (zephon's bundled
@@ -289,37 +289,11 @@ def write_report(data: dict[str, Any], stem: str) -> str:
         L.append(f"restore measurement failed: `{rs.get('error')}`")
     L.append("")
 
+    # ------------------------------------------------------------------ process workers
+    L.extend(process_table(by, threads))
+
     # ------------------------------------------------------------------ lanes
-    L.append("## zephon: lanes per rank\n")
-    if data["lanes"]:
-        lb = data["plan"]["lanes_batch"]
-        L.append(
-            f"World size 1, global batch {lb} rows for every lane count (rows per lane = {lb} / lanes: "
-            f"{', '.join(f'{x}: {lb // x}' for x in data['plan']['lanes'])}), shuffle window "
-            f"{data['lanes'][0]['kw'].get('shuffle_rows')} rows per lane (not 64: 256 lanes x 64 rows would "
-            f"buffer 1 GB), {data['plan'].get('lanes_warmup', 0)} warm-up batches, then {data['plan']['lanes_steps']} batches timed; median of "
-            f"{data['plan']['lanes_rounds']} alternating round(s).\n"
-        )
-        L.append(
-            "| lanes | threads | M tokens/s | vs 8 lanes | first batch (s) | peak RSS (MB) | max bytes / lane | bytes / rank |"
-        )
-        L.append("|---|---|---|---|---|---|---|---|")
-        g = defaultdict(list)
-        for r in data["lanes"]:
-            g[(r["lanes"], r["threads"])].append(r)
-        for t in threads:
-            base = _med([r["tokens_per_s"] for r in g.get((data["plan"]["lanes"][0], t), [])])
-            for ln in data["plan"]["lanes"]:
-                rr = g.get((ln, t))
-                if not rr:
-                    continue
-                tps = _med([r["tokens_per_s"] for r in rr])
-                L.append(
-                    f"| {ln} | {t} | {tps / 1e6:.3f} | {tps / base:.2f} | {_med([r['ttfb_s'] for r in rr]):.2f} | "
-                    f"{_med([r['peak_rss_mb'] for r in rr]):.0f} | {_med([r['state']['max_bytes_per_lane'] for r in rr]):.0f} | "
-                    f"{_med([r['state']['bytes_per_rank'] for r in rr]):.0f} |"
-                )
-    L.append("")
+    L.extend(lanes_section(data))
 
     # ------------------------------------------------------------------ waits
     L.append("## Consumer wait behind a fake training step\n")
@@ -362,6 +336,96 @@ def write_report(data: dict[str, Any], stem: str) -> str:
             L.extend(profile_table(prof))
 
     return finish_report(L, data, stem, DIFFERENCES, lambda png: plot(data, A, png))
+
+
+def process_table(by: dict[str, Any], threads: list[int]) -> list[str]:
+    """zephon's process workers (results through shared memory) against its thread workers."""
+    L = ["## zephon: process workers vs thread workers\n"]
+    if not any(f"zephon_proc@{t}" in by for t in threads):
+        return L + ["(not measured)\n"]
+    L.append(
+        'The same pipeline with `WorkerConfig(N, "process")`: each chunk is tokenized in a worker '
+        "process and its token arrays come back through the worker's shared-memory arena (views, no "
+        "copy). Bracketed like every contender: the ratio is the process run over the geometric mean of "
+        "the thread runs right before and after it, median over rounds.\n"
+    )
+    L.append("| workers | process ÷ thread (median) | per round | CPU s / M tok: threads | CPU s / M tok: processes |")
+    L.append("|---|---|---|---|---|")
+    for t in threads:
+        a, z = by.get(f"zephon_proc@{t}"), by.get(f"zephon@{t}")
+        if not a or not z:
+            continue
+        per = [1 / x for x in a["zephon_over_all"] if x]
+        L.append(
+            f"| {t} | {_f(_med(per), '{:.2f}x')} | {', '.join(f'{x:.2f}' for x in per)} | "
+            f"{_f(z['cpu_s_per_mtok'], '{:.2f}')} | {_f(a['cpu_s_per_mtok'], '{:.2f}')} |"
+        )
+    return L + [""]
+
+
+def lanes_section(data: dict[str, Any]) -> list[str]:
+    """Throughput, start-up, restore and memory against the number of lanes on one rank."""
+    L = ["## zephon: lanes per rank\n"]
+    runs = [r for r in data["lanes"] if "error" not in r]
+    for r in data["lanes"]:
+        if "error" in r:
+            L.append(f"- error: {r['lanes']} lanes, round {r['round'] + 1}: `{r['error'][:300]}`")
+    if not runs:
+        return L + [""]
+    p = data["plan"]
+    lb = p["lanes_batch"]
+    big = p.get("lanes_big")
+    L.append(
+        f"World size 1, {' and '.join(map(str, p.get('lanes_threads', p['threads'])))} worker thread(s), global batch {lb} rows "
+        f"(rows per lane = {lb} / lanes: {', '.join(f'{x}: {lb // x}' for x in p['lanes'])}), shuffle window "
+        f"{runs[0]['kw'].get('shuffle_rows')} rows per lane, {p.get('lanes_warmup', 0)} warm-up batches, then "
+        f"{p['lanes_steps']} batches timed ({p['lanes_steps'] * lb * 2048 / 1e6:.0f} M tokens: more than the "
+        f"work queued at start, so start-up does not dominate), {p['lanes_rounds']} rounds in alternating "
+        "order; `vs 8 lanes` is the median of per-round ratios. Each run then saves its state, keeps the "
+        "next batch, and restores the state into a fresh loader: `restore` is `load_state_dict` plus the "
+        "first batch, compared byte for byte. Memory: resident set of the process tree after the timed "
+        f"span; per lane = (RSS at L lanes - RSS at {p['lanes'][0]} lanes) / (L - {p['lanes'][0]})."
+        + (
+            f" {big['lanes']} lanes ran once with a global batch of {big['batch']} rows (1 per lane), "
+            f"{big['warmup']} warm-up and {big['steps']} timed batches."
+            if big
+            else ""
+        )
+        + "\n"
+    )
+    L.append(
+        "| lanes | M tokens/s (min-max) | vs 8 lanes (per round) | CPU s / M tok | first batch (s) | restore (s) "
+        "| restored batch identical | RSS steady (MB) | RSS per lane (MB) | max bytes / lane | bytes / rank |"
+    )
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    g: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        g[r["lanes"]].append(r)
+    base_l = p["lanes"][0]
+    base_rss = _med([r["rss_steady_mb"] for r in g.get(base_l, [])])
+    by_round = {(r["round"], r["lanes"]): r for r in runs}
+    for ln in sorted(g):
+        rr = g[ln]
+        tps = [r["tokens_per_s"] for r in rr]
+        per = [
+            by_round[(rnd, ln)]["tokens_per_s"] / by_round[(rnd, base_l)]["tokens_per_s"]
+            for rnd in sorted({r["round"] for r in rr})
+            if (rnd, base_l) in by_round and (ln != base_l) and not (big and ln == big["lanes"])
+        ]
+        rss = _med([r["rss_steady_mb"] for r in rr])
+        per_lane = (rss - base_rss) / (ln - base_l) if ln != base_l and base_rss is not None else None
+        L.append(
+            f"| {ln} | {_med(tps) / 1e6:.3f} ({min(tps) / 1e6:.2f}-{max(tps) / 1e6:.2f}) | "
+            f"{'1' if ln == base_l else (_f(_med(per), '{:.2f}') + ' (' + ', '.join(f'{x:.2f}' for x in per) + ')') if per else '-'} | "
+            f"{_med([r['cpu_s_per_mtok'] for r in rr]):.2f} | {_med([r['ttfb_s'] for r in rr]):.1f} | "
+            f"{_med([r['restore_s'] for r in rr]):.1f} | {'yes' if all(r['restore_identical'] for r in rr) else '**NO**'} | "
+            f"{rss:.0f} | {_f(per_lane, '{:.2f}', '-')} | {_med([r['state']['max_bytes_per_lane'] for r in rr]):.0f} | "
+            f"{_med([r['state']['bytes_per_rank'] for r in rr]):.0f} |"
+        )
+    loads = [r.get("loadavg_1m") for r in runs if r.get("loadavg_1m") is not None]
+    if loads:
+        L.append(f"\n1-minute load average at the start of these runs: {min(loads):.1f}-{max(loads):.1f}.")
+    return L + [""]
 
 
 def profile_table(prof: dict[str, Any], top: int = 12) -> list[str]:
@@ -407,6 +471,7 @@ def plot(data: dict[str, Any], A: dict[str, Any], png: str) -> None:
     names = [c for c in ORDER if any(f"{c}@{t}" in by for t in threads)]
     short = {
         "zephon": "zephon",
+        "zephon_proc": "zephon proc",
         "grain_threads": "Grain thr",
         "grain_mp": "Grain mp",
         "torchdata": "torchdata",
@@ -479,7 +544,8 @@ def plot(data: dict[str, Any], A: dict[str, Any], png: str) -> None:
     ax = axs[1, 1]
     g = defaultdict(list)
     for r in data["lanes"]:
-        g[(r["lanes"], r["threads"])].append(r["tokens_per_s"])
+        if "error" not in r:
+            g[(r["lanes"], r["threads"])].append(r["tokens_per_s"])
     lanes = data["plan"]["lanes"]
     for t in threads:
         ys = [_med(g.get((ln, t), [])) for ln in lanes]

@@ -21,6 +21,7 @@ Each measurement runs in a fresh Python process (clean peak RSS, no leftover thr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -58,6 +59,7 @@ PLANS: dict[str, dict[str, Any]] = {
         "lanes_batch": 16,
         "lanes_steps": 2,
         "lanes_rounds": 1,
+        "lanes_big": {"lanes": 32, "batch": 32, "steps": 1, "warmup": 0},
         "wait_steps": 10,
         "wait_ms": 20,
         "profile": False,
@@ -75,9 +77,10 @@ PLANS: dict[str, dict[str, Any]] = {
         "restore_repeats": 3,
         "lanes": [8, 64, 256],
         "lanes_batch": 256,
-        "lanes_steps": 16,
-        "lanes_rounds": 1,
+        "lanes_steps": 64,
+        "lanes_rounds": 3,
         "lanes_threads": [2],
+        "lanes_big": {"lanes": 1024, "batch": 1024, "steps": 8, "warmup": 2},
         "wait_steps": 160,
         "wait_ms": 50,
         "profile": True,
@@ -94,8 +97,9 @@ PLANS: dict[str, dict[str, Any]] = {
         "restore_repeats": 3,
         "lanes": [8, 64, 256],
         "lanes_batch": 256,
-        "lanes_steps": 16,
+        "lanes_steps": 64,
         "lanes_rounds": 3,
+        "lanes_big": {"lanes": 1024, "batch": 1024, "steps": 16, "warmup": 2},
         "wait_steps": 320,
         "wait_ms": 50,
         "profile": True,
@@ -104,8 +108,9 @@ PLANS: dict[str, dict[str, Any]] = {
 }
 LANES_SHUFFLE_ROWS = 8  # per-lane window in the lanes-per-rank sweep (256 lanes x 64 rows would be 1 GB)
 
-CONTENDERS = ["zephon", "grain_threads", "grain_mp", "torchdata", "titan"]
+CONTENDERS = ["zephon", "zephon_proc", "grain_threads", "grain_mp", "torchdata", "titan"]
 NEEDS = {
+    "zephon_proc": "zephon",
     "grain_threads": "grain",
     "grain_mp": "grain",
     "torchdata": "torchdata.nodes",
@@ -127,6 +132,10 @@ def _build(name: str, s, threads: int, **kw):
 
     if name == "zephon":
         return tc.build_zephon(s, threads, **kw)
+    if name == "zephon_proc":
+        return tc.build_zephon(s, threads, backend="process", **kw)
+    if name == "zephon_proc_noshm":
+        return tc.build_zephon(s, threads, backend="process", shm_mb=0, **kw)
     if name == "grain_threads":
         return tc.build_grain_threads(s, threads)
     if name == "grain_mp":
@@ -176,6 +185,7 @@ def w_throughput(spec: dict[str, Any]) -> dict[str, Any]:
         t2 = time.perf_counter()
         c2 = mem.cpu_s()
         state = built.state_bytes()
+        pools = [m for r in built.loader.routers for m in r.pools.metrics()] if built.loader is not None else []
         built.close()
     assert seq == s.seq_len, (name, x.shape)
     return {
@@ -194,6 +204,7 @@ def w_throughput(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_s_per_mtok": (c2 - c1) / (steps * rows * seq / 1e6),
         "notes": built.notes,
         "kw": kw,
+        "pools": pools,
     }
 
 
@@ -286,7 +297,77 @@ def w_wait(spec: dict[str, Any]) -> dict[str, Any]:
     return {"contender": spec["contender"], "threads": spec["threads"], "ms": spec["ms"], "waits": waits}
 
 
-WORKERS = {"throughput": w_throughput, "limit": w_limit, "restore": w_restore, "wait": w_wait}
+def _tree_rss_mb() -> float:
+    import psutil
+
+    me = psutil.Process()
+    total = me.memory_info().rss
+    for c in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += c.memory_info().rss
+    return total / 2**20
+
+
+def w_lanes(spec: dict[str, Any]) -> dict[str, Any]:
+    """zephon with ``lanes`` lanes on one rank: time to the first batch (lanes primed and pulled
+    on a few threads), timed throughput and CPU, resident memory in steady state, then a restore
+    (load_state_dict + first batch into a fresh loader) checked byte for byte."""
+    from benchmarks.text_contenders import build_zephon
+
+    s = _settings(spec)
+    threads, lanes = spec["threads"], spec["lanes"]
+    kw = {"lanes": lanes, "global_batch": spec["batch"], "shuffle_rows": LANES_SHUFFLE_ROWS}
+    rss_before = _tree_rss_mb()
+    with RssSampler() as mem:
+        t0 = time.perf_counter()
+        built = build_zephon(s, threads, **kw)
+        b = next(built.it)
+        ttfb = time.perf_counter() - t0
+        for _ in range(spec["warmup"]):
+            next(built.it)
+        c1, t1 = mem.cpu_s(), time.perf_counter()
+        for _ in range(spec["steps"]):
+            b = next(built.it)
+        t2, c2 = time.perf_counter(), mem.cpu_s()
+        rss_steady = _tree_rss_mb()
+        state = built.loader.state_dict()
+        ref = _sha(next(built.it))
+        state_bytes = built.state_bytes()
+        built.close()
+        again = build_zephon(s, threads, **kw)
+        t3 = time.perf_counter()
+        again.loader.load_state_dict(json.loads(json.dumps(state)))
+        t4 = time.perf_counter()
+        got = _sha(next(again.it))
+        t5 = time.perf_counter()
+        again.close()
+    rows, seq = b["input"].shape
+    tokens = spec["steps"] * rows * seq
+    return {
+        "lanes": lanes,
+        "threads": threads,
+        "batch": rows,
+        "ttfb_s": ttfb,
+        "steps": spec["steps"],
+        "warmup": spec["warmup"],
+        "seconds": t2 - t1,
+        "tokens": tokens,
+        "tokens_per_s": tokens / (t2 - t1),
+        "cpu_s_per_mtok": (c2 - c1) / (tokens / 1e6),
+        "rss_before_mb": rss_before,
+        "rss_steady_mb": rss_steady,
+        "peak_rss_mb": mem.peak / 2**20,
+        "restore_load_s": t4 - t3,
+        "restore_first_batch_s": t5 - t4,
+        "restore_s": t5 - t3,
+        "restore_identical": got == ref,
+        "state": state_bytes,
+        "kw": kw,
+        "loadavg_1m": os.getloadavg()[0],
+    }
+
+
+WORKERS = {"throughput": w_throughput, "limit": w_limit, "restore": w_restore, "wait": w_wait, "lanes": w_lanes}
 
 
 def worker_main(spec_json: str) -> None:
@@ -405,31 +486,40 @@ def run_text(
 
     # ---------------------------------------------------------------- zephon: lanes per rank
     lanes_raw: list[dict[str, Any]] = []
+
+    def measure_lanes(L: int, threads: int, rnd: int, batch: int, steps: int, warmup: int) -> None:
+        log(f"  lanes round {rnd + 1} threads={threads} lanes={L} ...")
+        res = R.call(
+            {
+                "kind": "lanes",
+                "threads": threads,
+                "lanes": L,
+                "batch": batch,
+                "steps": steps,
+                "warmup": warmup,
+                "settings": settings,
+            },
+            timeout=1800,
+        )
+        if res["ok"]:
+            r = res["result"]
+            r.update(round=rnd)
+            lanes_raw.append(r)
+            log(
+                f"    {r['tokens_per_s'] / 1e6:.3f} M tokens/s, first batch {r['ttfb_s']:.1f} s, "
+                f"restore {r['restore_s']:.1f} s, steady RSS {r['rss_steady_mb']:.0f} MB"
+            )
+        else:
+            lanes_raw.append({"lanes": L, "threads": threads, "round": rnd, "error": res["error"]})
+
     for rnd in range(plan["lanes_rounds"]):
         for threads in plan.get("lanes_threads", plan["threads"]):
-            lanes_order = plan["lanes"] if rnd % 2 == 0 else plan["lanes"][::-1]
-            for L in lanes_order:
-                log(f"  lanes round {rnd + 1} threads={threads} lanes={L} ...")
-                res = R.call(
-                    {
-                        "kind": "throughput",
-                        "contender": "zephon",
-                        "threads": threads,
-                        "steps": plan["lanes_steps"],
-                        "warmup": plan["lanes_warmup"],
-                        "settings": settings,
-                        "build_kw": {
-                            "lanes": L,
-                            "global_batch": plan["lanes_batch"],
-                            "shuffle_rows": LANES_SHUFFLE_ROWS,
-                        },
-                    }
-                )
-                if res["ok"]:
-                    r = res["result"]
-                    r.update(lanes=L, round=rnd)
-                    lanes_raw.append(r)
-                    log(f"    {r['tokens_per_s'] / 1e6:.3f} M tokens/s, first batch {r['ttfb_s']:.1f} s")
+            for L in plan["lanes"] if rnd % 2 == 0 else plan["lanes"][::-1]:
+                measure_lanes(L, threads, rnd, plan["lanes_batch"], plan["lanes_steps"], plan["lanes_warmup"])
+    big = plan.get("lanes_big")
+    if big:
+        for threads in plan.get("lanes_threads", plan["threads"]):
+            measure_lanes(big["lanes"], threads, 0, big["batch"], big["steps"], big["warmup"])
 
     # ---------------------------------------------------------------- consumer wait
     waits: list[dict[str, Any]] = []

@@ -33,14 +33,13 @@ VPLANS: dict[str, dict[str, Any]] = {
     "small": {
         "rounds": 2,
         "threads": [1, 2],
-        "steps": 12,
+        "steps": 24,
         "warmup": 2,
         "seq_len": 2048,
         "batch_rows": 4,
         "lanes": 4,
         "profile": True,
-        "target_images": 500,
-        "once": ["zephon_proc"],
+        "target_images": 1000,
     },
     "full": {
         "rounds": 3,
@@ -59,11 +58,12 @@ VPLANS: dict[str, dict[str, Any]] = {
 # more batches, so that every contender's timed span holds about the same number of images.
 TITAN_UNPACKED_STEPS = 10
 
-VCONTENDERS = ["zephon", "zephon_proc", "grain_threads", "grain_mp", "titan"]
+VCONTENDERS = ["zephon", "zephon_proc", "zephon_proc_noshm", "grain_threads", "grain_mp", "titan"]
 VREFS = ["limit", "work"]  # decode alone (the limit); the whole per-image work, no loader
 VNEEDS = {
     "zephon": "zephon",
     "zephon_proc": "zephon",
+    "zephon_proc_noshm": "zephon",
     "grain_threads": "grain",
     "grain_mp": "grain",
     "titan": "torchtitan",
@@ -84,6 +84,8 @@ def _vbuild(name: str, s, threads: int):
         return vc.build_zephon(s, threads)
     if name == "zephon_proc":
         return vc.build_zephon(s, threads, backend="process")
+    if name == "zephon_proc_noshm":
+        return vc.build_zephon(s, threads, backend="process", shm_mb=0)
     if name == "grain_threads":
         return vc.build_grain_threads(s, threads)
     if name == "grain_mp":
@@ -124,6 +126,7 @@ def w_vthroughput(spec: dict[str, Any]) -> dict[str, Any]:
         t2 = time.perf_counter()
         c2 = mem.cpu_s()
         state = built.state_bytes()
+        pools = [m for r in built.loader.routers for m in r.pools.metrics()] if built.loader is not None else []
         built.close()
     assert seq == s.seq_len, (name, x.shape)
     dt = t2 - t1
@@ -145,6 +148,7 @@ def w_vthroughput(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_ms_per_image": 1000 * (c2 - c1) / images if images else None,
         "notes": built.notes,
         "loadavg_1m": load,
+        "pools": pools,
     }
 
 

@@ -26,6 +26,8 @@ import numpy as np
 #: how reports and logs name each contender
 LABELS = {
     "zephon": "zephon (thread workers)",
+    "zephon_proc": "zephon (process workers)",
+    "zephon_proc_noshm": "zephon (process workers, shm off)",
     "grain_threads": "Grain (threads)",
     "grain_mp": "Grain (mp_prefetch)",
     "torchdata": "torchdata.nodes ParallelMapper",
@@ -64,6 +66,7 @@ class Built:
     state_bytes: Callable[[], dict[str, Any]]
     close: Callable[[], None] = lambda: None
     notes: list[str] = field(default_factory=list)
+    loader: Any = None  # zephon: the GlobalLoader (state_dict / load_state_dict, pool metrics)
 
 
 def rows_of(batch: Any) -> np.ndarray:
@@ -191,12 +194,13 @@ def build_zephon(
     global_batch: int | None = None,
     shuffle_rows: int | None = None,
     backend: str = "thread",
+    shm_mb: int | None = None,
 ) -> Built:
     from zephon import WorkerConfig
 
     r = zephon_recipe(s, lanes=lanes, global_batch=global_batch, shuffle_rows=shuffle_rows)
     r.prepare()
-    g = r.global_loader(world_size=1, workers=WorkerConfig(threads, backend))
+    g = r.global_loader(world_size=1, workers=WorkerConfig(threads, backend, shm_mb=shm_mb))
 
     def state_bytes():
         st = g.state_dict()
@@ -208,7 +212,7 @@ def build_zephon(
             "format": "JSON",
         }
 
-    return Built(iter(g), state_bytes, g.close)
+    return Built(iter(g), state_bytes, g.close, loader=g)
 
 
 def zephon_recipe(

@@ -38,6 +38,7 @@ import numpy as np
 VLABELS = {
     "zephon": "zephon (thread workers)",
     "zephon_proc": "zephon (process workers)",
+    "zephon_proc_noshm": "zephon (process workers, shm off)",
     "grain_threads": "Grain (threads)",
     "grain_mp": "Grain (mp_prefetch)",
     "titan": "TorchTitan MMDataLoader",
@@ -106,6 +107,7 @@ class Built:
     state_bytes: Callable[[], dict[str, Any]]
     close: Callable[[], None] = lambda: None
     notes: list[str] = field(default_factory=list)
+    loader: Any = None  # zephon: the GlobalLoader (pool metrics)
 
 
 def batch_stats(batch: Any) -> tuple[np.ndarray, np.ndarray | None, int]:
@@ -279,12 +281,12 @@ def zephon_recipe(s: VSettings):
     )
 
 
-def build_zephon(s: VSettings, threads: int, backend: str = "thread") -> Built:
+def build_zephon(s: VSettings, threads: int, backend: str = "thread", shm_mb: int | None = None) -> Built:
     from zephon import WorkerConfig
 
     r = zephon_recipe(s)
     r.prepare()
-    g = r.global_loader(world_size=1, workers=WorkerConfig(threads, backend))
+    g = r.global_loader(world_size=1, workers=WorkerConfig(threads, backend, shm_mb=shm_mb))
 
     def state_bytes():
         st = g.state_dict()
@@ -296,7 +298,7 @@ def build_zephon(s: VSettings, threads: int, backend: str = "thread") -> Built:
             "format": "JSON",
         }
 
-    return Built(iter(g), state_bytes, g.close)
+    return Built(iter(g), state_bytes, g.close, loader=g)
 
 
 # --------------------------------------------------------------------------- Grain

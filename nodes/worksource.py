@@ -20,7 +20,9 @@ lane's state is a few integers per dataset.
 
 from __future__ import annotations
 
+import collections
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -143,10 +145,14 @@ class WeightSchedule:
         return i
 
     def weights(self, phase: int) -> list[float]:
-        """Normalised dataset weights of ``phase``."""
-        w = self.phases[phase][1]
-        total = float(sum(w))
-        return [x / total for x in w]
+        """Normalised dataset weights of ``phase`` (computed once per phase: asked per record)."""
+        cache = self.__dict__.setdefault("_normalised", {})
+        out = cache.get(phase)
+        if out is None:
+            w = self.phases[phase][1]
+            total = float(sum(w))
+            out = cache[phase] = [x / total for x in w]
+        return out
 
 
 class _EpochOrder:
@@ -167,7 +173,7 @@ class _EpochOrder:
         if perm is None:
             seed, ds, epoch = self.key
             perm = IndexPermutation(self.sizes[shard], stable_u64("records", seed, ds, epoch, shard))
-            if len(self._perms) > 64:
+            if len(self._perms) > 1024:  # shared by all lanes: keep the shards of a usual corpus
                 self._perms.clear()
             self._perms[shard] = perm
         return perm
@@ -178,15 +184,14 @@ class _EpochOrder:
         return shard, self._perm(shard)[p - int(self.starts[j])]
 
     def locate_many(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Vectorised :meth:`locate` for an array of positions of this epoch."""
+        """Vectorised :meth:`locate` for an array of positions of this epoch: one pass whatever
+        the number of shards they fall in (with many lanes a lookahead spans all of them)."""
         j = np.searchsorted(self.starts, p, side="right") - 1
-        shards = self.order[j]
-        records = np.empty(len(p), dtype=np.int64)
+        shards = self.order[j].astype(np.int64)
         offsets = p - self.starts[j]
-        for shard in np.unique(shards):
-            sel = shards == shard
-            records[sel] = self._perm(int(shard)).take(offsets[sel])
-        return shards.astype(np.int64), records
+        uniq, which = np.unique(shards, return_inverse=True)
+        perms = [self._perm(int(s)) for s in uniq]
+        return shards, IndexPermutation.take_each(perms, which.reshape(-1), offsets)
 
 
 class WorkPlan:
@@ -213,6 +218,37 @@ class WorkPlan:
         self.datasets = list(datasets)
         self.seed, self.lanes, self.schedule = seed, lanes, schedule
         self.tokens_per_step = float(tokens_per_step)  # estimated tokens one lane consumes per step
+        # epoch orders shared by every lane of the process (the same for all lanes; only the
+        # positions a lane takes differ): with 1,024 lanes, one order per lane per epoch was the
+        # bulk of a cold start's CPU. Bounded; rebuilt on a miss.
+        self._orders: collections.OrderedDict[tuple[int, int], _EpochOrder] = collections.OrderedDict()
+        self._orders_lock = threading.Lock()
+
+    ORDERS_KEPT = 32  # epoch orders kept (all datasets together)
+
+    def epoch_order(self, d: int, epoch: int) -> _EpochOrder:
+        """Dataset ``d``'s order in ``epoch`` (position -> shard, record), shared by all lanes."""
+        key = (d, epoch)
+        with self._orders_lock:
+            order = self._orders.get(key)
+            if order is not None:
+                self._orders.move_to_end(key)
+                return order
+        order = _EpochOrder(self.seed, d, self.datasets[d].shard_sizes, epoch)
+        with self._orders_lock:
+            order = self._orders.setdefault(key, order)
+            while len(self._orders) > self.ORDERS_KEPT:
+                self._orders.popitem(last=False)
+        return order
+
+    def __getstate__(self) -> dict[str, Any]:
+        st = dict(self.__dict__)
+        st["_orders"], st["_orders_lock"] = collections.OrderedDict(), None
+        return st
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__dict__.update(st)
+        self._orders_lock = threading.Lock()
 
     def lane(self, lane: int) -> LaneWorkSource:
         """The work source node of ``lane`` (a fresh node at the start of the plan)."""
@@ -266,6 +302,7 @@ class LaneWorkSource(ZNode[WorkItem]):
         self.part = [0] * n  # next part of the record in progress per dataset (0 = none)
         # derived, not state: each dataset's next LOOKAHEAD record locations, computed at once
         self._ahead: list[tuple[int, np.ndarray, np.ndarray, np.ndarray] | None] = [None] * n
+        self._window = [self.FIRST_LOOKAHEAD] * n
 
     def _repr_args(self):
         yield f"lane={self.lane}/{self.plan.lanes}"
@@ -378,14 +415,25 @@ class LaneWorkSource(ZNode[WorkItem]):
                     return d
         return best
 
-    LOOKAHEAD = 64
+    LOOKAHEAD = 64  # records located at once per dataset, at most
+    FIRST_LOOKAHEAD = 8  # the first window after a reset (doubles up to LOOKAHEAD)
+
+    def _lookahead(self, d: int) -> int:
+        """The next window: small right after a reset (a restore or cold start of 1,024 lanes
+        touches a few records per lane, not 64 per dataset), doubling as the lane goes on, and
+        spanning about two epochs at most (where lanes outnumber records, each record of a lane
+        is in another epoch, and each epoch's order costs a shard permutation)."""
+        size = self._window[d]
+        self._window[d] = min(self.LOOKAHEAD, 2 * size)
+        ds = self.plan.datasets[d]
+        return max(1, min(size, max(4, -(-2 * ds.num_records // self.plan.lanes))))
 
     def _locate_count(self, d: int, k: int) -> tuple[int, int, int, int]:
         """(position q, epoch, shard, record) of this lane's k-th record of dataset d."""
         ahead = self._ahead[d]
         if ahead is None or not ahead[0] <= k < ahead[0] + len(ahead[1]):
             ds = self.plan.datasets[d]
-            ks = np.arange(k, k + self.LOOKAHEAD, dtype=np.int64)
+            ks = np.arange(k, k + self._lookahead(d), dtype=np.int64)
             qs = self.lane + ks * self.plan.lanes
             epochs, ps = np.divmod(qs, ds.num_records)
             shards = np.empty_like(qs)
@@ -401,7 +449,7 @@ class LaneWorkSource(ZNode[WorkItem]):
     def _order(self, d: int, epoch: int) -> _EpochOrder:
         order = self._orders[d]
         if order is None or order.key[2] != epoch:
-            order = self._orders[d] = _EpochOrder(self.plan.seed, d, self.plan.datasets[d].shard_sizes, epoch)
+            order = self._orders[d] = self.plan.epoch_order(d, epoch)
         return order
 
     def _locate(self, d: int, q: int) -> tuple[int, int, int]:

@@ -131,7 +131,8 @@ def test_needs_one_function():
 
 def test_lane_in_flight_budget():
     """The pulled lane may keep every worker busy (2 chunks per worker); the rank's lanes together
-    stay near ``per_worker`` chunks per worker; never below 2 per lane, 1 when inline."""
+    stay near ``per_worker`` chunks per worker; never below 2 per lane (1 with at least 4 lanes per
+    worker: the pool runs the awaited chunk first), 1 when inline."""
     from zephon.engine.lanes import LaneContext
 
     def mif(count, lanes, per_worker=16):
@@ -144,9 +145,10 @@ def test_lane_in_flight_budget():
     assert mif(1, 8) == 2
     assert mif(16, 4) == 32 and mif(16, 4, per_worker=8) == 32 and mif(16, 8, per_worker=8) == 16
     assert mif(2, 4, per_worker=8) == 4
-    assert mif(2, 256) == 2 and mif(16, 256, per_worker=8) == 2
+    assert mif(2, 256) == 1 and mif(16, 256, per_worker=8) == 1 and mif(16, 32) == 8 and mif(2, 4) == 4
     for count in (1, 2, 4, 16):
-        for lanes in (1, 4, 8, 64, 256):
+        for lanes in (1, 4, 8, 64, 256, 1024):
+            floor = 1 if lanes >= 4 * count else 2
             for pw in (8, 16):
-                assert 2 <= mif(count, lanes, pw) <= max(2, 2 * count)
-                assert lanes * mif(count, lanes, pw) <= max(2 * lanes, pw * count + lanes)
+                assert floor <= mif(count, lanes, pw) <= max(2, 2 * count)
+                assert lanes * mif(count, lanes, pw) <= max(floor * lanes, pw * count + lanes)

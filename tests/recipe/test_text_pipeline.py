@@ -57,6 +57,19 @@ def test_identical_with_process_workers(recipe, reference, world, count):
     assert hashes(recipe, world, STEPS, WorkerConfig(count, "process"))[0] == reference
 
 
+@pytest.mark.parametrize("shm_mb", [None, 0], ids=["shm_on", "shm_off"])
+def test_identical_with_process_workers_shm_on_and_off(recipe, reference, shm_mb):
+    # token ids and per-document arrays through the workers' shared-memory arenas (or pickled)
+    with recipe.global_loader(2, workers=WorkerConfig(2, "process", shm_mb=shm_mb)) as g:
+        got = [batch_sha256(next(g)) for _ in range(STEPS)]
+        pools = [m for r in g.routers for m in r.pools.metrics()]
+    assert got == reference
+    if shm_mb is None:
+        assert pools and all(m["shm"] == "on" and m["shm_results"] > 0 for m in pools)
+    else:
+        assert pools and all(m["shm"] == "off (shm_mb = 0)" for m in pools)
+
+
 @pytest.mark.parametrize("resume_world", [2, 8])
 def test_save_at_w4_resume_elsewhere(recipe, reference, resume_world):
     first, state = hashes(recipe, 4, 9)
@@ -359,3 +372,20 @@ def test_vectorised_planning_equals_the_scalar_reference(recipe):
             for k in list(range(0, 3 * ds.num_records // plan.lanes + 70, 7)):
                 q, epoch, shard, record = src._locate_count(d, k)
                 assert (epoch, shard, record) == src._locate(d, q)
+
+
+@pytest.mark.parametrize("lanes", [64, pytest.param(1024, marks=pytest.mark.slow)])
+def test_many_lanes_start_and_restore(recipe, lanes):
+    """Many lanes on one rank: the first batch (lanes primed, pulled on a few threads) and a
+    restore (replayed on a few threads) give the bytes of one lane at a time, inline."""
+    many = recipe.replace(lanes=lanes, global_batch_size=lanes, shuffle={"buffer": 1})
+    ref, _ = hashes(many, 1, 3)  # inline: one lane after the other
+    with many.global_loader(1, workers=WorkerConfig(2, "thread")) as g:
+        router = g.routers[0]
+        assert router._lane_threads() > 1 and len(router._primables()) == lanes
+        got = [batch_sha256(next(g))]
+        state = g.state_dict()
+    with many.global_loader(2, workers=WorkerConfig(2, "thread")) as g:
+        g.load_state_dict(state)
+        got += [batch_sha256(next(g)) for _ in range(2)]
+    assert got == ref

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import multiprocessing
 import os
+import pickle
 import shutil
 
 import numpy as np
@@ -70,6 +73,58 @@ def test_identical_across_world_sizes_and_threads(recipe, reference, world, work
 @pytest.mark.parametrize("world,count", [(1, 4), (2, 2), (4, 2)])
 def test_identical_with_process_workers(recipe, reference, world, count):
     assert run(recipe, world, STEPS, WorkerConfig(count, "process"))[0] == reference
+
+
+@pytest.mark.parametrize("shm_mb", [None, 0], ids=["shm_on", "shm_off"])
+def test_identical_with_process_workers_shm_on_and_off(recipe, reference, shm_mb):
+    # pixel patches, token ids and per-row arrays through the workers' shared-memory arenas (or
+    # pickled, with shm_mb = 0): the same bytes
+    with recipe.global_loader(2, workers=WorkerConfig(2, "process", shm_mb=shm_mb)) as g:
+        got = [batch_sha256(next(g)) for _ in range(STEPS)]
+        pools = [m for r in g.routers for m in r.pools.metrics()]
+    assert got == reference
+    if shm_mb is None:
+        assert pools and all(m["shm"] == "on" and m["shm_results"] > 0 for m in pools)
+    else:
+        assert pools and all(m["shm"] == "off (shm_mb = 0)" for m in pools)
+
+
+def _toml(cfg: dict) -> str:
+    """vl_config's dict as TOML (tables, arrays of tables, scalars, lists)."""
+
+    def value(v):
+        return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
+
+    lines = [f"{k} = {value(v)}" for k, v in cfg.items() if not isinstance(v, (dict, list)) or k == "weights"]
+    for k, v in cfg.items():
+        if isinstance(v, dict):
+            lines += [f"[{k}]"] + [f"{kk} = {value(vv)}" for kk, vv in v.items()]
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            for item in v:
+                lines += [f"[[{k}]]"] + [f"{kk} = {value(vv)}" for kk, vv in item.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_cli_worker_flags_reach_the_vision_pool(root, monkeypatch, capsys):
+    """`zephon hashes --workers 0` on a recipe whose [vision] asks for 2 process workers starts
+    no worker process (the flags reach every pool, not only the default one)."""
+    from zephon.engine import WorkerPool
+    from zephon.tools.cli import main
+
+    cfg = vl_config(root)
+    cfg["vision"] = dict(cfg["vision"], workers=2, backend="process")
+    path = os.path.join(root, "vision_process.toml")
+    with open(path, "w") as f:
+        f.write(_toml(cfg))
+    started = []
+    real = WorkerPool._start_processes
+    monkeypatch.setattr(WorkerPool, "_start_processes", lambda self: started.append(self) or real(self))
+    assert main(["hashes", path, "--steps", "2", "--workers", "0"]) == 0
+    assert started == [] and multiprocessing.active_children() == []
+    inline = [l for l in capsys.readouterr().out.splitlines() if l.startswith("step ")]
+    assert main(["hashes", path, "--steps", "2"]) == 0  # without the flag: the recipe's 2 processes
+    assert [p.config.count for p in started] == [2]
+    assert [l for l in capsys.readouterr().out.splitlines() if l.startswith("step ")] == inline
 
 
 @pytest.mark.parametrize("resume_world", [1, 2])
@@ -444,6 +499,25 @@ def test_index_and_cache(root):
     assert np.array_equal(a.image_sizes(1)[1], b.image_sizes(1)[1])
     recs = a.read(1, [0, 5])
     assert isinstance(recs[0].segments[0], bytes) and isinstance(recs[0].segments[1], str)
+
+
+@pytest.mark.parametrize("kind,path", [("wds", "wds/*.tar"), ("parquet", "pairs/*.parquet")])
+def test_index_pickles_as_a_small_handle(root, tmp_path, kind, path):
+    # process workers get the index with every task: its arrays reload from the cache folder
+    cache = str(tmp_path / "cache")
+    ix = index_multimodal(kind, os.path.join(root, path), cache_dir=cache)
+    blob = pickle.dumps(ix)
+    assert len(blob) < 6000 and ix.__getstate__()["_arrays"] == {}  # no member table in it
+    for copy in (pickle.loads(blob), pickle.loads(pickle.dumps(ix))):
+        for s in range(len(ix.shards)):
+            assert [r.segments for r in copy.read(s, [0, 3])] == [r.segments for r in ix.read(s, [0, 3])]
+            assert copy.record_bytes(s).tolist() == ix.record_bytes(s).tolist()
+            assert copy.sources(s, 2) == ix.sources(s, 2) and copy.locate(s, 1) == ix.locate(s, 1)
+    shutil.rmtree(cache)  # the cache gone behind our back: an unpickled copy re-indexes the shard
+    assert pickle.loads(blob).record_bytes(0).tolist() == ix.record_bytes(0).tolist()
+    # without a cache folder the arrays travel with the index
+    nocache = index_multimodal(kind, os.path.join(root, path), cache_dir=None)
+    assert pickle.loads(pickle.dumps(nocache)).read(0, [1])[0].segments == ix.read(0, [1])[0].segments
 
 
 # -- recipe validation ------------------------------------------------------------------------------

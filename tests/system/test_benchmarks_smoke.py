@@ -140,3 +140,81 @@ def test_vision_json_has_every_measurement(vsmoke):
             assert r["state"]["bytes_per_rank"] > 0
     z = [r for r in data["throughput"] if r["contender"] == "zephon"]
     assert z and all(r["state"]["format"] == "JSON" and r["state"]["max_bytes_per_lane"] < 1024 for r in z)
+
+
+# --------------------------------------------------------------------------- scaling script
+SCALE = os.path.join(ROOT, "benchmarks", "scale.py")
+
+
+@pytest.fixture(scope="module")
+def scale_smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("scale")
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    p = subprocess.run(
+        [sys.executable, SCALE, "--size", "smoke", "--workers", "1,2", "--backends", "thread,process"]
+        + ["--timed-s", "0.3", "--warmup-s", "0", "--budget-s", "300", "--out", str(out), "--tag", "smoke"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, f"benchmarks/scale.py failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return out, p.stdout
+
+
+def test_scale_script_writes_its_table(scale_smoke):
+    out, stdout = scale_smoke
+    assert_files(out, "scale_smoke")
+    md = (out / "scale_smoke.md").read_text()
+    assert "## text: tokens/s" in md and "## vision: images/s" in md
+    data = json.loads((out / "scale_smoke.json").read_text())
+    errors = [r for r in data["results"] if "error" in r]
+    assert not errors, errors
+    got = {(r["half"], r["contender"], r["backend"], r["workers"]) for r in data["results"]}
+    for half in ("text", "vision"):
+        for b in ("thread", "process"):
+            for n in (1, 2):
+                assert (half, "zephon", b, n) in got
+    for name, why in data["skipped"].items():  # a missing contender is named, never silently dropped
+        assert "not installed" in why and f"skipping {name}" in stdout
+        assert f"| {'Grain' if name == 'grain' else name} | threads | skipped |" in md
+
+
+def test_scale_report_names_what_is_missing(tmp_path):
+    from benchmarks import scale
+
+    assert scale.missing(["json", "surely_not_a_module_zephon"]) == ["surely_not_a_module_zephon"]
+    args = scale.main.__globals__["argparse"].Namespace(
+        workers="1,2", halves="text", contenders="zephon,grain", backends="thread", size="smoke", budget_s=1.0
+    )
+    data = {
+        "args": vars(args),
+        "machine": {"cpu": "x", "cores": 16, "affinity": 16, "loadavg_start": (0, 0, 0), "loadavg_end": (0, 0, 0)},
+        "versions": {"torch": "2.11.0", "grain": "not installed"},
+        "skipped": {"grain": "not installed here: grain"},
+        "half_skipped": {},
+        "notes": [],
+        "workers": [1, 2],
+        "results": [
+            {
+                "half": "text",
+                "contender": "zephon",
+                "backend": "thread",
+                "workers": 1,
+                "per_s": 1e6,
+                "cpu_per_unit": 1e-6,
+            },
+            {
+                "half": "text",
+                "contender": "zephon",
+                "backend": "thread",
+                "workers": 2,
+                "error": "not run: budget used up",
+            },
+        ],
+        "wall_s": 1.0,
+    }
+    md = open(scale.write_report(data, str(tmp_path / "scale_fake"))).read()
+    assert "| Grain | threads | skipped | skipped |" in md and "**skipped grain**: not installed here: grain" in md
+    assert "| zephon | threads | 1.00 M | not run |" in md

@@ -17,7 +17,7 @@ from state_edits import node_of, unsealed
 
 from zephon import Recipe, StateError, WorkerConfig, batch_sha256, decode_state, encode_state
 from zephon.data.datasets import DataError
-from zephon.engine import FORMAT_VERSION, migrate
+from zephon.engine import FORMAT_VERSION, WorkerPool, migrate
 from zephon.nodes import skip_hint
 from zephon.recipe import LANE_MIGRATIONS
 from zephon.tools.demo import TOKENIZER_DIR
@@ -317,9 +317,10 @@ def test_externally_killed_worker_surfaces_promptly_and_cleans_up(data):
     root, _ = data
     before = _threads()
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    earlier = {p.pid for p in multiprocessing.active_children()}  # (another test's, still exiting)
     g = recipe(root).global_loader(2, workers=WorkerConfig(2, "process"))
     next(g)
-    victims = multiprocessing.active_children()
+    victims = [p for p in multiprocessing.active_children() if p.pid not in earlier]
     assert victims
     os.kill(victims[0].pid, signal.SIGKILL)
     t0 = time.monotonic()
@@ -336,6 +337,24 @@ def test_externally_killed_worker_surfaces_promptly_and_cleans_up(data):
         # (other processes on the machine may create segments meanwhile: only ours count)
         ours = {n for n in set(os.listdir("/dev/shm")) - shm_before if str(os.getpid()) in n}
         assert not ours, f"shared-memory segments left behind: {ours}"
+
+
+def test_a_lost_worker_is_seen_without_the_executor():
+    """The consumer's own check (WorkerPool.lost_workers, polled while it waits for a result)
+    finds a killed worker whatever the executor's management thread has noticed."""
+    pool = WorkerPool(WorkerConfig(1, "process", shm_mb=0))
+    try:
+        assert pool.submit(os.getpid).result(timeout=60) != os.getpid()
+        assert pool.lost_workers() == []
+        (pid,) = list(pool.executor._processes)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pid not in pool.lost_workers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid in pool.lost_workers()
+    finally:
+        pool.close()
+    assert pool.lost_workers() == []
 
 
 def test_skip_counter_and_work_source_restore_at_every_step(data):

@@ -17,7 +17,9 @@ rank can record what it consumed without seeing the other ranks' data
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import copy
+import functools
 import hashlib
 import math
 import queue
@@ -129,11 +131,20 @@ class LaneContext:
 
         Lanes are pulled one at a time (a shuffle window refills many chunks of one lane), so a
         budget split evenly over lanes left workers idle: measured 88% busy at 2 workers and
-        8 lanes with 2 chunks per lane, 99% with 4."""
+        8 lanes with 2 chunks per lane, 99% with 4. With many lanes (at least 4 per worker) one
+        chunk per lane is enough: the pool runs the chunk a lane waits for first (demand-first),
+        and the other lanes' chunks keep the workers busy meanwhile; two per lane queued 512
+        chunks at 256 lanes (2,048 at 1,024) before the first batch.
+
+        >>> ctx = LaneContext(seed=0, lane=0, lanes=256, lanes_on_rank=256)
+        >>> ctx.max_in_flight(WorkerConfig(2)), LaneContext(0, 0, 8, lanes_on_rank=8).max_in_flight(WorkerConfig(2))
+        (1, 4)
+        """
         count = (config or self.workers).count
         if count == 0:
             return 1
-        return max(2, min(2 * count, math.ceil(per_worker * count / max(1, self.lanes_on_rank))))
+        floor = 1 if self.lanes_on_rank >= 4 * count else 2
+        return max(floor, min(2 * count, math.ceil(per_worker * count / max(1, self.lanes_on_rank))))
 
 
 def collate(items: Sequence[Any]) -> Any:
@@ -541,6 +552,7 @@ class Router(ZNode[Any]):
         self._lanes: list[BaseNode] | None = None
         self.step = 0  # local batches delivered
         self._produced = 0  # local batches computed (ahead of `step` when prefetching)
+        self._cold = False  # the next pull is the first after a reset (see _next_of_lanes)
 
     def _repr_args(self):
         yield f"lanes={self.lanes}"
@@ -631,6 +643,7 @@ class Router(ZNode[Any]):
             for n in self.lane_nodes:
                 n.reset(None)
             self.step = self._produced = 0
+            self._prime_lanes()
             return
         # everything that can be checked without touching a node is checked first: the format
         # (older ones migrated and sealed), every entry's digest and identity, the run's settings
@@ -652,12 +665,6 @@ class Router(ZNode[Any]):
             self.lane_set = lane_set
         nodes = self.lane_nodes
         step = initial_state["step"]
-        pairs = list(zip(self.owned, nodes))
-        if len(pairs) >= 8 and sys.stderr.isatty():
-            # a restore replays up to one flush interval per lane: show it when it can take a while
-            from tqdm.auto import tqdm
-
-            pairs = tqdm(pairs, desc=f"rank {self.rank}: restoring lanes (replay)", unit="lane", leave=False)
         known = self.lane_set.known_end
         if known is not None and known.lanes != self.lanes:
             raise StateError(f"checkpoint 'shared.end' counts {known.lanes} lanes, the pipeline has {self.lanes}")
@@ -666,11 +673,7 @@ class Router(ZNode[Any]):
                 f"checkpoint 'step' is {step} but the data ends after {known.steps} steps (end = {known.mode!r}); "
                 "the checkpoint does not belong to this data"
             )
-        for l, n in pairs:
-            try:
-                n.reset(lane_state(initial_state, l))
-            except StateError as e:
-                raise StateError(f"checkpoint entry {lane_key(l)}: {e}") from None
+        self._restore_lanes(list(zip(self.owned, nodes)), initial_state)
         self.step = self._produced = step
 
     def _compute(self) -> tuple[Any, list[str] | None]:
@@ -683,25 +686,7 @@ class Router(ZNode[Any]):
                     "the checkpoint does not belong to this data"
                 )
             raise StopIteration  # the same step on every rank: no lane is touched
-        outs = []
-        for l, n in zip(self.owned, self.lane_nodes):
-            if end is not None and not end.holds(l, t):
-                outs.append(self.lane_set.pad_item(l))  # "pad": this lane ended before the longest
-                continue
-            try:
-                outs.append(next(n))
-            except StopIteration:
-                if end is None:
-                    raise PipelineError(
-                        f"lane {l} ended after {t} micro-batches, but its lane set declares no end, so the "
-                        "ranks would stop at different steps. Make the pipeline infinite, or give the lane set "
-                        'an end (LaneSet(build, end="drop") or end="pad" with pad=...; in a recipe: every '
-                        'dataset policy = "stop" and end = "drop" | "pad")'
-                    ) from None
-                raise PipelineError(
-                    f"lane {l} ended after {t} micro-batches, but it was counted to hold {end.lane_steps[l]}; "
-                    "the data or the pipeline changed since the count (clear the cached counts)"
-                ) from None
+        outs = self._next_of_lanes(t, end)
         digests = [batch_sha256(o) for o in outs] if self.digests else None
         self._produced += 1
         if not self.prefetch:
@@ -734,6 +719,95 @@ class Router(ZNode[Any]):
         if kind == "end":
             raise StopIteration
         raise value
+
+    # -- many lanes: priming, parallel cold start and restore --------------------------------
+    # Why: a lane submits its first chunk only when it is pulled and a restore replays lane by
+    # lane, so with hundreds of lanes the first batch and a restore were latency-bound (256
+    # lanes: 13-77 s to the first batch, 95 s to restore). Every lane is primed (its first chunks
+    # submitted, nothing waited for) after a reset, and the first pull and a restore's replays
+    # run on a few threads. Each lane is touched by one thread at a time and lanes share no
+    # state but thread-safe pools, so every lane's output is unchanged.
+    def _lane_threads(self) -> int:
+        """Threads for a cold first pull or a restore: 1 with few lanes or no worker pool."""
+        pools = [m.pool for m in self._primables() if getattr(m, "pool", None) is not None]
+        if len(self.owned) < 8 or not pools:
+            return 1
+        return min(len(self.owned), 4 * max(p.config.count for p in pools) + 4)
+
+    def _primables(self) -> list[Any]:
+        """The nodes of this rank's lanes that can be primed (they have a ``prime()``)."""
+        out: list[Any] = []
+        seen: set[int] = set()
+        stack = list(self.lane_nodes)
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if callable(getattr(n, "prime", None)):
+                out.append(n)
+            stack.extend(upstream_nodes(n))
+        return out
+
+    def _prime_lanes(self) -> None:
+        """Submit every lane's first chunks (in lane order) before the first pull."""
+        for n in sorted(self._primables(), key=lambda m: getattr(m, "lane", 0) or 0):
+            n.prime()
+        self._cold = True
+
+    def _next_of_lanes(self, t: int, end: LaneEnd | None) -> list[Any]:
+        """Each lane's output for step ``t``, in lane order; the first pull after a reset on a few threads."""
+        pairs = list(zip(self.owned, self.lane_nodes))
+        pull = functools.partial(self._pull_lane, t, end)
+        if self._cold:
+            self._cold = False
+            return _par_map(pull, pairs, self._lane_threads())
+        return [pull(pair) for pair in pairs]
+
+    def _pull_lane(self, t: int, end: LaneEnd | None, pair: tuple[int, BaseNode]) -> Any:
+        """Lane ``pair[0]``'s micro-batch of step ``t``: its node's next output, or its padding item
+        once it has ended (``end = "pad"``); a lane that ends where it was not counted to is an error."""
+        l, n = pair
+        if end is not None and not end.holds(l, t):
+            return self.lane_set.pad_item(l)  # "pad": this lane ended before the longest
+        try:
+            return next(n)
+        except StopIteration:
+            if end is None:
+                raise PipelineError(
+                    f"lane {l} ended after {t} micro-batches, but its lane set declares no end, so the "
+                    "ranks would stop at different steps. Make the pipeline infinite, or give the lane set "
+                    'an end (LaneSet(build, end="drop") or end="pad" with pad=...; in a recipe: every '
+                    'dataset policy = "stop" and end = "drop" | "pad")'
+                ) from None
+            raise PipelineError(
+                f"lane {l} ended after {t} micro-batches, but it was counted to hold {end.lane_steps[l]}; "
+                "the data or the pipeline changed since the count (clear the cached counts)"
+            ) from None
+
+    def _restore_lanes(self, pairs: list[tuple[int, BaseNode]], state: Mapping[str, Any]) -> None:
+        """Reset each lane to its state (a replay of up to one flush interval), on a few threads."""
+        bar = None
+        if len(pairs) >= 8 and sys.stderr.isatty():
+            # a restore replays up to one flush interval per lane: show it when it can take a while
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(pairs), desc=f"rank {self.rank}: restoring lanes (replay)", unit="lane", leave=False)
+
+        def restore(pair: tuple[int, BaseNode]) -> None:
+            try:
+                pair[1].reset(lane_state(state, pair[0]))
+            except StateError as e:
+                raise StateError(f"checkpoint entry {lane_key(pair[0])}: {e}") from None
+            if bar is not None:
+                bar.update(1)
+
+        try:
+            _par_map(restore, pairs, self._lane_threads())
+        finally:
+            if bar is not None:
+                bar.close()
+        self._prime_lanes()
 
     # -- prefetch -----------------------------------------------------------------------------
     def _start_prefetch(self) -> None:
@@ -847,6 +921,17 @@ class Router(ZNode[Any]):
         lanes, self._lanes = self._lanes or [], None
         for n in lanes:
             close_node(n)
+
+
+def _par_map(fn: Callable[[Any], Any], items: list[Any], threads: int) -> list[Any]:
+    """``[fn(x) for x in items]`` on up to ``threads`` threads, results in order; the first
+    error (in item order) is raised after every call has finished."""
+    if threads <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with cf.ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="zephon-lanes") as ex:
+        futs = [ex.submit(fn, x) for x in items]
+        cf.wait(futs)
+    return [f.result() for f in futs]
 
 
 class GlobalLoader:

@@ -164,6 +164,8 @@ class OrderedMapper(ZNode[Any]):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.max_in_flight = max_in_flight
+        if self.pool is not None:
+            self.pool.note_in_flight(max_in_flight)  # the pool's result arenas are sized from it
         self.name = name
         self.lane = lane
         self._tasks: collections.deque[_Task] = collections.deque()
@@ -235,6 +237,13 @@ class OrderedMapper(ZNode[Any]):
         self._pos += 1
         return out
 
+    def prime(self) -> None:
+        """Submit the first chunks without waiting for them (a router primes every lane before
+        its first pull, so the shared pool has every lane's work from the start). Changes
+        nothing but timing: the state still describes what was delivered."""
+        if self.pool is not None and self._current is None and not self._tasks and self._error is None:
+            self._fill()
+
     # -- internals --------------------------------------------------------------------------
     def _fill(self) -> None:
         while not self._exhausted and len(self._tasks) < self.max_in_flight:
@@ -279,10 +288,27 @@ class OrderedMapper(ZNode[Any]):
             "workers": f"{self.workers.count} {self.workers.backend}",
         }
 
+    def _await(self, task: _Task) -> Any:
+        """The task's result within ``timeout_s``; raises BrokenProcessPool as soon as one of the
+        pool's process workers is found gone (checked every second while waiting), whether or
+        not the executor has noticed yet."""
+        deadline = time.monotonic() + self.workers.timeout_s
+        while True:
+            try:
+                return task.future.result(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            except cf.TimeoutError:
+                lost = self.pool.lost_workers() if self.pool is not None else []
+                if lost and not task.future.done():
+                    raise BrokenProcessPool(f"worker process {lost[0]} is gone") from None
+                if time.monotonic() >= deadline:
+                    raise
+
     def _collect(self, task: _Task) -> list[Any]:
         t0 = time.perf_counter()
+        if self.pool is not None:
+            self.pool.demand(task.future)  # the consumer waits for it: run it next
         try:
-            res = task.future.result(timeout=self.workers.timeout_s)
+            res = self._await(task)
             self._wait += time.perf_counter() - t0
         except cf.TimeoutError:
             raise PipelineError(
@@ -314,5 +340,7 @@ class OrderedMapper(ZNode[Any]):
 
     def _close_own(self) -> None:
         self._cancel_pending()
-        if self._own_pool and self.pool is not None:
-            self.pool.close()
+        if self.pool is not None:
+            self.pool.note_in_flight(-self.max_in_flight)
+            if self._own_pool:
+                self.pool.close()

@@ -194,7 +194,7 @@ class WorkersSpec:
         and ``backend`` replaced; None when neither is given, so the recipe's own settings apply.
 
         >>> WorkersSpec(WorkerConfig(4, "process")).override(False, count=0)
-        WorkerConfig(count=0, backend='process', timeout_s=300.0, start_method='forkserver')
+        WorkerConfig(count=0, backend='process', timeout_s=300.0, start_method='forkserver', shm_mb=None)
         """
         if count is None and backend is None:
             return None
@@ -631,7 +631,10 @@ def _mixing(mixing: Any, seq_len: int) -> MixingSpec:
 
 def _workers(r: Mapping[str, Any]) -> WorkersSpec:
     workers = _table("[workers]", r.get("workers", {}))
-    _check_keys("[workers]", workers, ["count", "backend", "timeout_s", "start_method", "chunk_size", "prefetch"])
+    _check_keys(
+        "[workers]", workers, ["count", "backend", "timeout_s", "start_method", "chunk_size", "prefetch", "shm_mb"]
+    )
+    shm = workers.get("shm_mb", "auto")
     try:
         default = WorkerConfig(
             count=_int("[workers].", "count", workers.get("count", 0), 0, max_workers()),
@@ -640,6 +643,7 @@ def _workers(r: Mapping[str, Any]) -> WorkersSpec:
                 "[workers].", "timeout_s", workers.get("timeout_s", 300.0), positive=True, maximum=LIMITS["timeout_s"]
             ),
             start_method=_str("[workers].", "start_method", workers.get("start_method", "forkserver")),
+            shm_mb=None if shm == "auto" else _int("[workers].", "shm_mb", shm, 0),
         )
     except ValueError as e:
         if isinstance(e, RecipeError):
