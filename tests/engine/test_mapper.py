@@ -1,7 +1,11 @@
 """The ordered-parallel mapper: order, worker-independence, errors, dead workers, hangs."""
 
+import gc
+import multiprocessing.queues
 import os
 import signal
+import struct
+import threading
 import time
 
 import pytest
@@ -28,6 +32,17 @@ def fail_on_13(x):
 
 def kill_self_on_9(x):
     if x == 9:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def die_mid_result_on_9(x):
+    """Die the way a worker killed while sending its result does: half a message written to the
+    executor's result pipe (shared by all workers), then SIGKILL."""
+    if x == 9:
+        results = [o for o in gc.get_objects() if isinstance(o, multiprocessing.queues.SimpleQueue)]
+        for q in results:  # the worker holds one: the executor's result queue
+            os.write(q._writer.fileno(), struct.pack("!i", 1 << 20) + b"half a result")
         os.kill(os.getpid(), signal.SIGKILL)
     return x
 
@@ -100,6 +115,21 @@ def test_killed_worker_process_surfaces_quickly():
         list(m)
     assert time.monotonic() - t0 < 30
     m.close()
+    assert_no_leaks(before)
+
+
+def test_worker_killed_while_sending_its_result_surfaces_and_closes():
+    # the executor never notices this death (its management thread waits for the rest of the
+    # message); the mapper's own check finds the lost worker, and close() ends that thread
+    before = _threads()
+    m = OrderedMapper(RangeSource(100), die_mid_result_on_9, workers=WorkerConfig(1, "process", shm_mb=0), chunk_size=1)
+    t0 = time.monotonic()
+    with pytest.raises(PipelineError, match="worker process died"):
+        list(m)
+    assert time.monotonic() - t0 < 30
+    managers = [t for t in threading.enumerate() if type(t).__name__ == "_ExecutorManagerThread"]
+    m.close()
+    assert not [t for t in managers if t.is_alive()], "the executor's management thread outlived close()"
     assert_no_leaks(before)
 
 

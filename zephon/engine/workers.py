@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import contextlib
 import functools
 import math
 import multiprocessing as mp
@@ -386,6 +387,8 @@ class WorkerPool:
             return
         if isinstance(ex, cf.ProcessPoolExecutor):
             procs = list(getattr(ex, "_processes", {}).values())
+            manager = getattr(ex, "_executor_manager_thread", None)
+            results = getattr(ex, "_result_queue", None)
             ex.shutdown(wait=False, cancel_futures=True)
             for p in procs:
                 p.join(timeout=2)
@@ -395,6 +398,7 @@ class WorkerPool:
                 if p.is_alive():
                     p.kill()
                     p.join(timeout=5)
+            _release_manager(manager, results)
             # let the executor's management thread finish
             ex.shutdown(wait=True)
             if self.arenas is not None:
@@ -404,6 +408,25 @@ class WorkerPool:
 
     def __repr__(self) -> str:
         return f"WorkerPool({self.config.count} {self.config.backend}s)"
+
+
+def _release_manager(manager: threading.Thread | None, results: Any) -> None:
+    """Let a process executor's management thread end once its workers are gone.
+
+    Why: a worker killed while writing its result leaves half a message in the result pipe; the
+    management thread then waits for the rest forever (the pool never reports the death, and the
+    interpreter's exit joins that thread, so the process never exits). With the workers gone,
+    closing this process's copy of the pipe's write end turns that wait into end-of-file, which
+    the executor handles as a broken pool and ends."""
+    if manager is None or results is None:
+        return
+    manager.join(timeout=2)
+    if manager.is_alive():
+        writer = getattr(results, "_writer", None)
+        if writer is not None:
+            with contextlib.suppress(OSError):
+                writer.close()
+        manager.join(timeout=5)
 
 
 def _pid_running(pid: int) -> bool:
