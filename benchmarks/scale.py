@@ -262,6 +262,7 @@ def call(spec: dict[str, Any], tmp: str, n: int, timeout: float, inprocess: bool
 
 
 def run(args: argparse.Namespace, log) -> str:
+    start = machine()  # the load average before the first measurement
     started = time.monotonic()
     deadline = started + args.budget_s
     notes = [n for n in [ensure_zephon_nodes()] if n]
@@ -333,7 +334,7 @@ def run(args: argparse.Namespace, log) -> str:
         results.append(row)
     data = {
         "args": vars(args),
-        "machine": dict(machine(), loadavg_end=os.getloadavg()),
+        "machine": dict(start, loadavg_end=os.getloadavg()),
         "versions": versions(),
         "skipped": skipped,
         "half_skipped": half_skip,
@@ -388,7 +389,7 @@ def write_report(data: dict[str, Any], stem: str) -> str:
         cpu_lines = []
         for c in a["contenders"].split(","):
             for b in a["backends"].split(","):
-                label = f"{LABELS[c]} | {b}s"
+                label = f"{LABELS[c]} | {b} workers"
                 if c in data["skipped"] or f"{c}/{half}" in data.get("pair_skipped", {}):
                     L.append(f"| {label} | " + " | ".join(["skipped"] * len(workers)) + " |")
                     continue
@@ -455,7 +456,7 @@ def plot(data: dict[str, Any], png: str) -> None:
                         [y / scale for y in ys],
                         marker="o",
                         ls="-" if b == "process" else "--",
-                        label=f"{LABELS[c]} {b}s",
+                        label=f"{LABELS[c]}, {b} workers",
                     )
         ax.set_xscale("log", base=2)
         ax.set_xticks(data["workers"], [str(n) for n in data["workers"]])
