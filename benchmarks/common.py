@@ -164,23 +164,28 @@ def available_mod(mod: str) -> str | None:
     return None
 
 
-def versions() -> dict[str, str]:
+#: the packages whose versions a results file records
+BENCH_PACKAGES = (
+    "zephon",
+    "grain",
+    "torch",
+    "torchdata",
+    "torchtitan",
+    "tokenizers",
+    "datasets",
+    "numpy",
+    "pillow",
+    "matplotlib",
+    "py-spy",
+)
+
+
+def versions(packages: Sequence[str] = BENCH_PACKAGES) -> dict[str, str]:
+    """Python's version and each package's ("not installed" where it is missing)."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
-    for p in (
-        "zephon",
-        "grain",
-        "torch",
-        "torchdata",
-        "torchtitan",
-        "tokenizers",
-        "datasets",
-        "numpy",
-        "pillow",
-        "matplotlib",
-        "py-spy",
-    ):
+    for p in packages:
         try:
             out[p] = version(p)
         except PackageNotFoundError:

@@ -40,6 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+from benchmarks.common import machine, versions  # noqa: E402  (stdlib only: runs where zephon's dependencies are missing)
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 WORKERS = [1, 2, 4, 8, 16]
@@ -90,35 +92,9 @@ def ensure_zephon_nodes() -> str | None:
     return "linked zephon/nodes -> ../nodes (a checkout that was not pip-installed)"
 
 
-def versions() -> dict[str, str]:
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for p in ("torch", "torchdata", "grain", "tokenizers", "numpy", "pillow", "psutil", "matplotlib"):
-        try:
-            out[p] = version(p)
-        except PackageNotFoundError:
-            out[p] = "not installed"
-    return out
-
-
-def machine() -> dict[str, Any]:
-    import platform
-
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "platform": platform.platform(),
-        "loadavg_start": os.getloadavg(),
-    }
+def scale_versions() -> dict[str, str]:
+    """The versions this script's results depend on (torchtitan is not among them)."""
+    return versions(("torch", "torchdata", "grain", "tokenizers", "numpy", "pillow", "psutil", "matplotlib"))
 
 
 # =========================================================================== worker side
@@ -335,7 +311,7 @@ def run(args: argparse.Namespace, log) -> str:
     data = {
         "args": vars(args),
         "machine": dict(start, loadavg_end=os.getloadavg()),
-        "versions": versions(),
+        "versions": scale_versions(),
         "skipped": skipped,
         "half_skipped": half_skip,
         "pair_skipped": pair_skip,

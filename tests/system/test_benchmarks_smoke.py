@@ -178,7 +178,7 @@ def test_scale_script_writes_its_table(scale_smoke):
                 assert (half, "zephon", b, n) in got
     for name, why in data["skipped"].items():  # a missing contender is named, never silently dropped
         assert "not installed" in why and f"skipping {name}" in stdout
-        assert f"| {'Grain' if name == 'grain' else name} | threads | skipped |" in md
+        assert f"| {'Grain' if name == 'grain' else name} | thread workers | skipped |" in md
 
 
 def test_scale_report_names_what_is_missing(tmp_path):
@@ -216,5 +216,7 @@ def test_scale_report_names_what_is_missing(tmp_path):
         "wall_s": 1.0,
     }
     md = open(scale.write_report(data, str(tmp_path / "scale_fake"))).read()
-    assert "| Grain | threads | skipped | skipped |" in md and "**skipped grain**: not installed here: grain" in md
-    assert "| zephon | threads | 1.00 M | not run |" in md
+    assert (
+        "| Grain | thread workers | skipped | skipped |" in md and "**skipped grain**: not installed here: grain" in md
+    )
+    assert "| zephon | thread workers | 1.00 M | not run |" in md
