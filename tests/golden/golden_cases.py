@@ -159,7 +159,7 @@ def case_root(name: str) -> str:
 def record() -> dict[str, Any]:
     out: dict[str, Any] = {}
     os.makedirs(CHECKPOINTS, exist_ok=True)
-    for name, (build, steps, at, world) in CASES.items():
+    for name, (_build, steps, at, world) in CASES.items():
         root = case_root(name)
         recipe = build_case(name, root)
         hs = hashes(recipe, steps, 1, WorkerConfig(0))
