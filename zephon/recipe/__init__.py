@@ -1,14 +1,16 @@
 """Assembly: a recipe describes a whole pipeline; this layer turns it into lanes.
 
-One module per job: :mod:`~zephon.recipe.spec` (the schema: frozen dataclasses, parsed and
-validated from TOML), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the
-work plan), :mod:`~zephon.recipe.build` (each lane's pipeline of operators),
+One module per job: :mod:`~zephon.recipe.spec` (the schema: frozen dataclasses, each
+key declared once), :mod:`~zephon.recipe.parse` (TOML into the schema, and the cross-field
+rules), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the work plan),
+:mod:`~zephon.recipe.build` (each lane's pipeline of operators),
 :mod:`~zephon.recipe.migrations` (how lane states moved between checkpoint formats), and
 :mod:`~zephon.recipe.recipe` (the :class:`Recipe` that ties them together).
 """
 
 from .build import RecipeLanes, build_lane
 from .migrations import LANE_MIGRATIONS
+from .parse import parse_recipe
 from .prepare import Prepared, TokenEstimate, estimate_tokens, prepare
 from .recipe import Recipe
 from .spec import (
@@ -23,7 +25,6 @@ from .spec import (
     VisionSpec,
     WorkersSpec,
     max_workers,
-    parse_recipe,
 )
 
 __all__ = [

@@ -26,8 +26,9 @@ from zephon.engine import GlobalLoader, LaneContext, Router, WorkerConfig, check
 from zephon.nodes import VisionConfig, WeightSchedule
 
 from .build import RecipeLanes, build_lane, prefetch_depth
+from .parse import parse_recipe
 from .prepare import Prepared, TokenEstimate, prepare
-from .spec import DatasetSpec, RecipeError, RecipeSpec, parse_recipe
+from .spec import DatasetSpec, RecipeError, RecipeSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
