@@ -186,14 +186,15 @@ def read_table(
     *,
     section: str | None = None,
     hint: str | None = None,
-    missing: Callable[[str], str] | None = None,
+    missing: str | Callable[[str], str] | None = None,
     only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The keys a section gives, checked against the fields of ``cls`` (see
     :func:`zephon.recipe.spec.key`): unknown keys (with a did-you-mean), missing required keys,
     each value's type, bounds and choices. Keys not given are left out: ``cls(**result)`` fills
     in the defaults. ``where`` names the section in messages, ``section`` prefixes a key
-    (default ``where + "."``); ``hint`` and ``missing`` word the not-a-table and missing-key errors;
+    (default ``where + "."``); ``hint`` and ``missing`` (a message, or one made from the key)
+    word the not-a-table and missing-key errors;
     ``only`` reads just those keys.
 
     >>> read_table(PackSpec, {"max_open": 4}, "[pack]")
@@ -207,7 +208,8 @@ def read_table(
     _check_keys(where, table, keys(cls))
     for name in _required(cls):
         if name not in table:
-            raise RecipeError(missing(name) if missing else f"recipe: {where} needs {name} = {meta(cls, name).example}")
+            default = f"recipe: {where} needs {name} = {meta(cls, name).example}"
+            raise RecipeError(missing(name) if callable(missing) else missing or default)
     prefix = f"{where}." if section is None else section
     names = [
         f.name
@@ -325,7 +327,7 @@ def _schedule(sched: Any, datasets: Sequence[DatasetSpec]) -> WeightSchedule:
     for i, ph in enumerate(sched):
         where = f"[[schedule]] #{i + 1}"
         needs = f"recipe: {where} needs step = N and weights = {{ {names[0]} = 0.5, ... }}"
-        given = read_table(PhaseTable, ph, where, hint="", missing=lambda _, needs=needs: needs)
+        given = read_table(PhaseTable, ph, where, hint="", missing=needs)
         if not isinstance(given["weights"], dict):
             raise RecipeError(needs)
         phases.append((given["step"], _rule_phase(given, where, names, phases[-1][0])))

@@ -168,7 +168,10 @@ def _fields(cls: Any) -> dict[str, dataclasses.Field]:
 def _default(cls: Any, name: str) -> Any:
     """The default of field ``name`` of a dataclass (to take another layer's defaults, not restate them)."""
     f = _fields(cls)[name]
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    factory: Any = f.default_factory
+    return factory()
 
 
 # -- the sections ------------------------------------------------------------------------------
