@@ -142,7 +142,6 @@ class ArrowReader(ColumnReader):
             ) from None
         return {"lengths": np.concatenate(lengths) if lengths else np.zeros(0, np.int64)}
 
-
     def read(self, s: int, idx: np.ndarray) -> list[str | BadRecord]:
         """Rows ``idx`` from the shard's text column (memory-mapped when local, cached)."""
         import pyarrow as pa

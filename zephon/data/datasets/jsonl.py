@@ -33,8 +33,6 @@ def _json_type(v) -> str:
     return type(v).__name__
 
 
-
-
 def parse_jsonl(raw: bytes, field: str) -> tuple[str | None, str | None]:
     """``(text, None)`` or ``(None, reason)`` for one JSON line: the string under ``field``.
 
@@ -72,7 +70,6 @@ def parse_jsonl(raw: bytes, field: str) -> tuple[str | None, str | None]:
         except UnicodeEncodeError as e:
             return None, f"field '{field}' contains an unpaired surrogate escape (\\u{ord(v[e.start]):04x})"
     return v, None
-
 
 
 class JsonlReader(LineReader):

@@ -392,7 +392,6 @@ def pick_mm_format(name: str, files, fmt: str) -> str:
     return fmt
 
 
-
 def stat_spec(sp: ShardSpec) -> tuple[int, str]:
     """(size, version) of a shard file now (to tell whether it changed since it was indexed)."""
     if sp.local:
@@ -401,7 +400,6 @@ def stat_spec(sp: ShardSpec) -> tuple[int, str]:
     info = sp.fs.info(sp.fspath)
     size = info.get("size")
     return (int(size) if size is not None else -1), _version_of(info)
-
 
 
 def _local_identity(name: str, fp: str, display: str) -> tuple[int, str]:

@@ -158,4 +158,3 @@ class ShardFiles:
                 a = offs[k] - o
                 out[k] = d[a : a + lens[k]]
         return out
-
