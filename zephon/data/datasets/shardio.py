@@ -112,7 +112,7 @@ class ShardFiles:
             data = b"".join(self._stream(s, "reading"))
             return data
 
-        return self._caches["blobs"].get(s, load)  # type: ignore[return-value]
+        return self._caches["blobs"].get(s, load)
 
     def _read_ranges(self, s: int, offs: list[int], lens: list[int]) -> list[bytes]:
         sp = self._specs[s]
