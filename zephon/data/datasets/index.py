@@ -22,7 +22,7 @@ import numpy as np
 
 from ._scan import LRU
 from .arrow import ArrowReader
-from .cache import ShardStore, fingerprint, write_npz
+from .cache import fingerprint, write_npz
 from .errors import BadRecord, DataError
 from .jsonl import JsonlReader
 from .parquet import ParquetReader
@@ -80,7 +80,7 @@ def _cache_key(url: str, fmt: str, text_field: str, text_mode: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-class DatasetIndex(ShardStore, ShardFiles):
+class DatasetIndex(ShardFiles):
     """Metadata of one dataset's shards plus thread-safe random-access reads.
 
     ``record_bytes(s)`` is the byte size used for token-weighted mixing:

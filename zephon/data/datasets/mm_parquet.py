@@ -6,23 +6,20 @@ list of images of equal length, at each position one of the two set.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .errors import BadRecord
-from .samples import MMRecord, image_header_size
-
-if TYPE_CHECKING:
-    from .multimodal import MultimodalIndex
+from .samples import ImageTextStore, MMRecord, image_header_size
 
 __all__ = ["MMParquetReader"]
 
 
 class MMParquetReader:
-    """Indexing and reading the Parquet shards of a :class:`MultimodalIndex` ``ix``."""
+    """Indexing and reading the Parquet shards of an image-text index ``ix``."""
 
-    def __init__(self, ix: MultimodalIndex) -> None:
+    def __init__(self, ix: ImageTextStore) -> None:
         self.ix = ix
 
     def _parquet(self, s: int) -> Any:

@@ -36,12 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from .cache import ShardStore, fingerprint, write_npz
+from .cache import fingerprint, write_npz
 from .errors import DataError
 from .index import DEFAULT_MAX_RECORD_BYTES
 from .mm_parquet import MMParquetReader
 from .resolve import MM_FORMATS, ShardMeta, ShardSpec, mm_shard_specs, open_cache_dir, pick_mm_format, resolve_files
-from .samples import MMRecord, image_header_size
+from .samples import ImageTextStore, MMRecord, image_header_size
 from .wds import IMAGE_EXTS, WdsReader
 
 __all__ = ["IMAGE_EXTS", "KINDS", "MM_FORMATS", "MMRecord", "MultimodalIndex", "image_header_size", "index_multimodal"]
@@ -50,7 +50,7 @@ KINDS = ("text", "image_text", "interleaved")
 _CACHE_VERSION = 3  # 2: tar member names (provenance); 3: damaged tar regions as records
 
 
-class MultimodalIndex(ShardStore):
+class MultimodalIndex(ImageTextStore):
     """Metadata of one image-text dataset's shards plus thread-safe random-access reads.
 
     ``record_bytes(s)`` is the text size of each record (bytes); :meth:`image_sizes` gives the
@@ -182,9 +182,6 @@ class MultimodalIndex(ShardStore):
                 "Do not modify shard files during a run; restart so that it is re-indexed.",
             )
         return a
-
-    def _err(self, s: int, reason: str, fix: str) -> DataError:
-        return DataError(reason, dataset=self.name, file=self._specs[s].display, fix=fix)
 
     # -- provenance ----------------------------------------------------------------------------
     def locate(self, shard: int, record: int) -> dict[str, Any]:

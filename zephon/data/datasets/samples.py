@@ -1,5 +1,6 @@
-"""What an image-text read returns (:class:`MMRecord`), and the image header probe that lets
-indexing count image tokens exactly without decoding pixels (:func:`image_header_size`)."""
+"""What an image-text read returns (:class:`MMRecord`), the image header probe that lets
+indexing count image tokens exactly without decoding pixels (:func:`image_header_size`), and
+an image-text index as its format readers see it (:class:`ImageTextStore`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MMRecord", "image_header_size"]
+import numpy as np
+
+from .cache import ShardStore
+from .errors import DataError
+from .resolve import ShardSpec
+
+__all__ = ["ImageTextStore", "MMRecord", "image_header_size"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +64,20 @@ def image_header_size(data: bytes) -> tuple[int, int]:
         return int(w), int(h)
     except Exception:  # Pillow raises many types on bad data (incl. DecompressionBombError)
         return 0, 0
+
+
+class ImageTextStore(ShardStore):
+    """An image-text index as its format readers (:mod:`.wds`, :mod:`.mm_parquet`) see it: the
+    shard store, the dataset's fields, and errors naming the shard's file (the base of
+    :class:`~zephon.data.datasets.multimodal.MultimodalIndex`)."""
+
+    kind: str
+    format: str
+    text_field: str
+    image_field: str
+    max_record_bytes: int
+    _specs: list[ShardSpec]
+    _arrays: dict[int, dict[str, np.ndarray]]
+
+    def _err(self, s: int, reason: str, fix: str) -> DataError:
+        return DataError(reason, dataset=self.name, file=self._specs[s].display, fix=fix)

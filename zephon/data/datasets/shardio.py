@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._scan import CompressionError, iter_decompressed
-from .cache import ShardCache
+from .cache import ShardStore
 from .errors import DataError
-from .resolve import ShardMeta, ShardSpec
+from .resolve import ShardSpec
 
 __all__ = ["ShardFiles"]
 
@@ -22,14 +22,13 @@ _GAP = 64 << 10
 _MAX_SPAN = 8 << 20
 
 
-class ShardFiles:
-    """Byte access to the shard files of a text index (a base of
-    :class:`~zephon.data.datasets.index.DatasetIndex`; the readers of each format use it)."""
+class ShardFiles(ShardStore):
+    """A text index as its format readers see it: the shard store plus byte access to the shard
+    files (the base of :class:`~zephon.data.datasets.index.DatasetIndex`)."""
 
-    name: str
-    shards: list[ShardMeta]
+    text_field: str
+    max_record_bytes: int
     _specs: list[ShardSpec]
-    _caches: ShardCache
 
     def _err(self, s: int, reason: str, fix: str, locator: str | None = None) -> DataError:
         return DataError(reason, dataset=self.name, file=self._specs[s].display, locator=locator, fix=fix)

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ._scan import BOM, LineScanner, line_number
 from .errors import BadRecord
-
-if TYPE_CHECKING:
-    from .index import DatasetIndex
+from .shardio import ShardFiles
 
 __all__ = ["LineReader", "Reader", "TextFileReader", "check_text", "parse_text_file", "parse_text_line", "utf8_reason"]
 
@@ -61,11 +59,11 @@ def parse_text_file(raw: bytes) -> tuple[str | None, str | None]:
 
 
 class Reader:
-    """How one text format is indexed and read, for the :class:`DatasetIndex` ``ix`` that owns it:
+    """How one text format is indexed and read, for the text index ``ix`` that owns it:
     ``build`` (a shard's metadata arrays), ``read`` (records, in the order asked), ``locator``
-    (where a record is, for messages) and ``locate`` (what :meth:`DatasetIndex.locate` reports)."""
+    (where a record is, for messages) and ``locate`` (what the index's ``locate`` reports)."""
 
-    def __init__(self, ix: DatasetIndex) -> None:
+    def __init__(self, ix: ShardFiles) -> None:
         self.ix = ix
 
     def build(self, s: int) -> dict[str, np.ndarray]:
@@ -81,7 +79,7 @@ class Reader:
         return f"row {i}"
 
     def locate(self, s: int, i: int) -> dict[str, Any]:
-        """The format's part of :meth:`DatasetIndex.locate`."""
+        """The format's part of the index's ``locate``."""
         return {"locator": self.locator(s, i)}
 
     def oversized(self, s: int, i: int, n: int) -> BadRecord:

@@ -14,15 +14,12 @@ import json
 import os
 import tarfile
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .errors import BadRecord
-from .samples import MMRecord, image_header_size
-
-if TYPE_CHECKING:
-    from .multimodal import MultimodalIndex
+from .samples import ImageTextStore, MMRecord, image_header_size
 
 __all__ = ["IMAGE_EXTS", "TEXT_EXTS", "WdsReader", "tar_member_role"]
 
@@ -106,9 +103,9 @@ def _after_run(f: Any, end: int, size: int) -> tuple[int, int, int | None] | Non
 
 
 class WdsReader:
-    """Indexing and reading the tar shards of a :class:`MultimodalIndex` ``ix``."""
+    """Indexing and reading the tar shards of an image-text index ``ix``."""
 
-    def __init__(self, ix: MultimodalIndex) -> None:
+    def __init__(self, ix: ImageTextStore) -> None:
         self.ix = ix
 
     def _open(self, s: int) -> Any:
