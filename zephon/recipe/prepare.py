@@ -26,12 +26,21 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from zephon.data import TextTokenizer, default_cache_dir, index_dataset, index_multimodal
+from zephon.data import (
+    DatasetIndex,
+    ImageTextShardIndex,
+    ShardIndex,
+    TextTokenizer,
+    default_cache_dir,
+    index_dataset,
+    index_multimodal,
+)
 from zephon.engine import IndexPermutation, StateError, stable_u64
 from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WorkPlan, reason_class
 
@@ -42,6 +51,7 @@ __all__ = [
     "TokenEstimate",
     "cached_lane_steps",
     "estimate_tokens",
+    "index_kwargs",
     "lane_steps_key",
     "prepare",
     "record_weights",
@@ -68,7 +78,9 @@ class TokenEstimate:
     bad: Mapping[str, tuple[int, str]] = field(default_factory=dict, compare=False)
 
 
-def _estimation_sample(index: Any, *, seed: int, samples: int, ds_number: int) -> Iterator[tuple[int, list[int]]]:
+def _estimation_sample(
+    index: ShardIndex, *, seed: int, samples: int, ds_number: int
+) -> Iterator[tuple[int, list[int]]]:
     """The seeded sample of records token estimation reads: ``(shard, [local record, ...])``
     per shard, in shard order (the same sample on every rank and every run)."""
     n = index.num_records
@@ -93,7 +105,9 @@ def _head(text: str) -> tuple[str, float]:
     return head, len(head.encode("utf-8")) / len(raw)
 
 
-def estimate_tokens(index: Any, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int) -> TokenEstimate:
+def estimate_tokens(
+    index: ShardIndex, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int
+) -> TokenEstimate:
     """Tokens per text byte of a dataset, from a seeded sample of its records (text documents,
     or the captions and text entries of image-text samples), tokenized in one call.
 
@@ -151,63 +165,46 @@ def _all_bad_error(name: str, est: TokenEstimate, on_error: str) -> RecipeError:
     )
 
 
-class _ImageTextTokens:
-    """Record weights of an image-text dataset: estimated tokens per record (text bytes x
-    tokens/byte + BOS/EOS + each image's placeholder run, exact from its indexed size)."""
+class _PerShard:
+    """A dataset's record weights, computed once per shard by ``fn(shard)`` and kept: the plan
+    asks for a shard's weights every time it visits the shard."""
 
-    def __init__(self, index: Any, est: TokenEstimate, vision: VisionConfig) -> None:
-        self.index, self.est, self.vision = index, est, vision
+    def __init__(self, fn: Callable[[int], np.ndarray]) -> None:
+        self.fn = fn
         self._cache: dict[int, np.ndarray] = {}
 
     def __call__(self, shard: int) -> np.ndarray:
         a = self._cache.get(shard)
         if a is None:
-            text = (
-                self.index.record_bytes(shard).astype(np.float64) * self.est.tokens_per_byte
-                + self.est.tokens_per_record
-            )
-            n_img, ws, hs = self.index.image_sizes(shard)
-            per_image = np.array([self.vision.image_tokens(int(w), int(h)) + 2 for w, h in zip(ws, hs)], np.float64)
-            owner = np.repeat(np.arange(len(n_img)), n_img)
-            img = (
-                np.bincount(owner, weights=per_image, minlength=len(n_img)) if per_image.size else np.zeros(len(n_img))
-            )
-            a = self._cache[shard] = np.maximum(1, np.rint(text + img)).astype(np.int64)
+            a = self._cache[shard] = self.fn(shard)
         return a
 
 
-class _CappedBytes:
+def _image_text_tokens(index: ImageTextShardIndex, est: TokenEstimate, vision: VisionConfig, shard: int) -> np.ndarray:
+    """Record weights of an image-text dataset: estimated tokens per record (text bytes x
+    tokens/byte + BOS/EOS + each image's placeholder run, exact from its indexed size)."""
+    text = index.record_bytes(shard).astype(np.float64) * est.tokens_per_byte + est.tokens_per_record
+    n_img, ws, hs = index.image_sizes(shard)
+    per_image = np.array([vision.image_tokens(int(w), int(h)) + 2 for w, h in zip(ws, hs)], np.float64)
+    owner = np.repeat(np.arange(len(n_img)), n_img)
+    img = np.bincount(owner, weights=per_image, minlength=len(n_img)) if per_image.size else np.zeros(len(n_img))
+    return np.maximum(1, np.rint(text + img)).astype(np.int64)
+
+
+def _capped_bytes(index: ShardIndex, limit: int, shard: int) -> np.ndarray:
     """Text record weights where a record above the size limit weighs 1 byte: it reads back as a
     bad record without being read, so it is planned as one part (not as thousands of parts that
     would each be skipped)."""
-
-    def __init__(self, index: Any, limit: int) -> None:
-        self.index, self.limit = index, limit
-        self._cache: dict[int, np.ndarray] = {}
-
-    def __call__(self, shard: int) -> np.ndarray:
-        a = self._cache.get(shard)
-        if a is None:
-            raw = self.index.record_bytes(shard)
-            a = self._cache[shard] = np.where(raw > self.limit, 1, raw) if (raw > self.limit).any() else raw
-        return a
+    raw = index.record_bytes(shard)
+    return np.where(raw > limit, 1, raw) if (raw > limit).any() else raw
 
 
-class _Ones:
+def _ones(sizes: Sequence[int], shard: int) -> np.ndarray:
     """Record weights for mixing by samples: every record weighs 1."""
-
-    def __init__(self, sizes: Sequence[int]) -> None:
-        self.sizes = list(sizes)
-        self._cache: dict[int, np.ndarray] = {}
-
-    def __call__(self, shard: int) -> np.ndarray:
-        a = self._cache.get(shard)
-        if a is None:
-            a = self._cache[shard] = np.ones(self.sizes[shard], dtype=np.int64)
-        return a
+    return np.ones(sizes[shard], dtype=np.int64)
 
 
-def record_weights(spec: RecipeSpec, ds: DatasetSpec, index: Any, est: TokenEstimate) -> DatasetPlan:
+def record_weights(spec: RecipeSpec, ds: DatasetSpec, index: ShardIndex, est: TokenEstimate) -> DatasetPlan:
     """How the plan weighs the records of one dataset (one rule for every kind of dataset):
 
     * text mixed by tokens: each record's byte size, times the measured tokens per byte, plus
@@ -219,10 +216,18 @@ def record_weights(spec: RecipeSpec, ds: DatasetSpec, index: Any, est: TokenEsti
     sizes = [sh.num_records for sh in index.shards]
     if spec.mixing.by == "samples":
         return DatasetPlan(
-            ds.name, sizes, _Ones(sizes), tokens_per_byte=1.0, tokens_per_record=0.0, policy=ds.policy, epochs=ds.epochs
+            ds.name,
+            sizes,
+            _PerShard(partial(_ones, sizes)),
+            tokens_per_byte=1.0,
+            tokens_per_record=0.0,
+            policy=ds.policy,
+            epochs=ds.epochs,
         )
     if ds.kind != "text":
-        weights = _ImageTextTokens(index, est, spec.vision.config)
+        if not isinstance(index, ImageTextShardIndex):
+            raise RecipeError(f"recipe: dataset {ds.name!r} is {ds.kind!r} but its index has no image sizes")
+        weights = _PerShard(partial(_image_text_tokens, index, est, spec.vision.config))
         return DatasetPlan(
             ds.name, sizes, weights, tokens_per_byte=1.0, tokens_per_record=0.0, policy=ds.policy, epochs=ds.epochs
         )
@@ -231,7 +236,7 @@ def record_weights(spec: RecipeSpec, ds: DatasetSpec, index: Any, est: TokenEsti
     return DatasetPlan(
         ds.name,
         sizes,
-        _CappedBytes(index, limit) if big else index.record_bytes,
+        _PerShard(partial(_capped_bytes, index, limit)) if big else index.record_bytes,
         tokens_per_byte=est.tokens_per_byte,
         tokens_per_record=est.tokens_per_record,
         split_tokens=spec.mixing.split_tokens or None,
@@ -240,7 +245,7 @@ def record_weights(spec: RecipeSpec, ds: DatasetSpec, index: Any, est: TokenEsti
     )
 
 
-def work_plan(spec: RecipeSpec, indexes: Sequence[Any], estimates: Mapping[str, TokenEstimate]) -> WorkPlan:
+def work_plan(spec: RecipeSpec, indexes: Sequence[ShardIndex], estimates: Mapping[str, TokenEstimate]) -> WorkPlan:
     """The run's curriculum from its datasets' metadata and token estimates (no I/O)."""
     plans = [record_weights(spec, s, ix, estimates[s.name]) for s, ix in zip(spec.datasets, indexes)]
     return WorkPlan(
@@ -277,7 +282,7 @@ class Prepared:
     """What a recipe needs at run time, read and measured once: the same on every rank."""
 
     spec: RecipeSpec
-    indexes: tuple[Any, ...]
+    indexes: tuple[ShardIndex, ...]
     tokenizer: TextTokenizer
     estimates: Mapping[str, TokenEstimate]
     plan: WorkPlan
@@ -372,29 +377,22 @@ def _estimate_from_state(name: str, v: Any) -> TokenEstimate:
     return TokenEstimate(float(v[0]), float(v[1]), int(v[2]))
 
 
-def _index(spec: RecipeSpec, s: DatasetSpec, progress: bool | None) -> Any:
+def index_kwargs(ds: DatasetSpec) -> dict[str, Any]:
+    """The keyword arguments that index dataset ``ds`` as its recipe says (the cache folder and
+    progress bar aside): :func:`zephon.data.index_dataset`'s for a text dataset,
+    :func:`zephon.data.index_multimodal`'s for an image-text one; one place for both."""
+    kw: dict[str, Any] = {"format": ds.format, "text_field": ds.text_field, "max_record_bytes": ds.max_record_bytes}
+    if ds.kind == "text":
+        kw["text_mode"] = ds.text_mode
+    else:
+        kw.update(kind=ds.kind, image_field=ds.image_field, on_error=ds.on_error)
+    return kw
+
+
+def _index(spec: RecipeSpec, s: DatasetSpec, progress: bool | None) -> ShardIndex:
     if s.kind == "text":
-        return index_dataset(
-            s.name,
-            s.path,
-            format=s.format,
-            text_field=s.text_field,
-            text_mode=s.text_mode,
-            cache_dir=spec.cache_dir,
-            progress=progress,
-            max_record_bytes=s.max_record_bytes,
-        )
-    return index_multimodal(
-        s.name,
-        s.path,
-        kind=s.kind,
-        format=s.format,
-        text_field=s.text_field,
-        image_field=s.image_field,
-        cache_dir=spec.cache_dir,
-        max_record_bytes=s.max_record_bytes,
-        on_error=s.on_error,
-    )
+        return index_dataset(s.name, s.path, cache_dir=spec.cache_dir, progress=progress, **index_kwargs(s))
+    return index_multimodal(s.name, s.path, cache_dir=spec.cache_dir, **index_kwargs(s))
 
 
 def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
@@ -434,7 +432,8 @@ def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
         )
     else:
         align = 1 if spec.pack.algorithm == "greedy" else spec.seq_len + 1
-        fetch = FetchTokenize(indexes, tok, on_error, align=align)
+        # a recipe without image-text datasets has text indexes only
+        fetch = FetchTokenize(cast("Sequence[DatasetIndex]", indexes), tok, on_error, align=align)
     return Prepared(
         spec=spec,
         indexes=indexes,

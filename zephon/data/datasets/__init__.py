@@ -1,4 +1,4 @@
-"""Dataset layer: raw text shards -> per-shard metadata and random-access record reads.
+"""Dataset layer: raw shards -> per-shard metadata and random-access record reads.
 
 No shuffling or planning happens here: a WorkSource decides which record indices to read;
 this package answers "how many records, how big is each, give me records i, j, k of shard s".
@@ -6,19 +6,19 @@ this package answers "how many records, how big is each, give me records i, j, k
     idx = index_dataset("wiki", "data/wiki-*.jsonl.zst")
     idx.num_records, idx.shard_offsets(), idx.record_bytes(0)
     texts = idx.read(0, [5, 1, 3])     # str, or BadRecord for bad content
+
+Every index kind implements :class:`ShardIndex` (image-text ones :class:`ImageTextShardIndex`).
+The modules: one per format (``jsonl``, ``text``, ``parquet``, ``arrow``, ``wds``,
+``mm_parquet``), ``resolve`` (paths to shard files), ``cache`` (metadata cache, shard caches,
+pickling), and the two indexes (``index``: text, ``multimodal``: image-text).
 """
 
 from .errors import BadRecord, DataError
-from .index import (
-    DEFAULT_MAX_RECORD_BYTES,
-    FORMATS,
-    TEXT_MODES,
-    DatasetIndex,
-    ShardMeta,
-    default_cache_dir,
-    index_dataset,
-)
-from .multimodal import KINDS, MM_FORMATS, MMRecord, MultimodalIndex, image_header_size, index_multimodal
+from .index import DEFAULT_MAX_RECORD_BYTES, TEXT_MODES, DatasetIndex, index_dataset
+from .multimodal import KINDS, MultimodalIndex, index_multimodal
+from .protocol import ImageTextShardIndex, ShardIndex
+from .resolve import FORMATS, MM_FORMATS, ShardMeta, default_cache_dir
+from .samples import MMRecord, image_header_size
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
@@ -29,8 +29,10 @@ __all__ = [
     "BadRecord",
     "DataError",
     "DatasetIndex",
+    "ImageTextShardIndex",
     "MMRecord",
     "MultimodalIndex",
+    "ShardIndex",
     "ShardMeta",
     "default_cache_dir",
     "image_header_size",

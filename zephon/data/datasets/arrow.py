@@ -1,0 +1,169 @@
+"""Arrow IPC shards (format ``"arrow"``: ``.arrow`` files and Hugging Face ``save_to_disk``
+folders), and what every columnar reader shares (:class:`ColumnReader`: the text column's
+checks and the checks of each value read).
+
+A local shard is memory-mapped (one text column cached per shard); a stream must end with its
+end-of-stream marker, so a file cut at a message boundary is refused instead of read short.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import BadRecord, DataError
+from .text import Reader, check_text, utf8_reason
+
+__all__ = ["ArrowReader", "ColumnReader", "is_text_type"]
+
+#: an Arrow IPC stream ends with this end-of-stream marker (continuation token, length 0); a file
+#: cut at a message boundary reads as a shorter valid stream without it
+_ARROW_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def is_text_type(t: Any) -> bool:
+    """Whether an Arrow type can hold a text column (string or binary, any width or view)."""
+    import pyarrow as pa
+
+    checks = [pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary]
+    for name in ("is_string_view", "is_binary_view"):
+        if hasattr(pa.types, name):
+            checks.append(getattr(pa.types, name))
+    return any(c(t) for c in checks)
+
+
+class ColumnReader(Reader):
+    """A columnar format (Parquet, Arrow): records are the rows of the ``text_field`` column."""
+
+    def _check_text_column(self, s: int, schema) -> None:
+        """Refuse a Parquet/Arrow shard whose text field is missing or not a string column."""
+        if schema.get_field_index(self.ix.text_field) < 0:
+            raise self._text_column_error(s, schema.names)
+        typ = schema.field(self.ix.text_field).type
+        if not is_text_type(typ):
+            raise self._text_column_error(s, schema.names, typ)
+
+    def _text_column_error(self, s: int, names: list[str], typ: Any = None) -> DataError:
+        if typ is None:
+            shown = ", ".join(repr(n) for n in names[:20])
+            return self.ix._err(
+                s,
+                f"column '{self.ix.text_field}' not found (columns: {shown})",
+                f"Set text_field = \"<column>\" for dataset '{self.ix.name}' in the recipe.",
+            )
+        return self.ix._err(
+            s,
+            f"column '{self.ix.text_field}' has type {typ}, expected a string column",
+            f"Set text_field to a string column for dataset '{self.ix.name}' in the recipe.",
+        )
+
+    def _value(self, s: int, row: int, v: Any) -> str | BadRecord:
+        if isinstance(v, str):
+            bad = check_text(v, f"field '{self.ix.text_field}'")
+            if bad is None:
+                return v
+        elif v is None:
+            bad = f"field '{self.ix.text_field}' is null"
+        else:  # binary column
+            try:
+                v = bytes(v).decode("utf-8")
+                bad = check_text(v, f"field '{self.ix.text_field}'")
+                if bad is None:
+                    return v
+            except UnicodeDecodeError as e:
+                bad = utf8_reason(bytes(v), e, "value")
+        return BadRecord(self.ix.name, self.ix._specs[s].display, f"row {row}", bad)
+
+
+class ArrowReader(ColumnReader):
+    """Arrow IPC streams or files, local (memory-mapped) or remote (read whole, cached)."""
+
+    def _arrow_reader(self, s: int) -> Any:
+        import pyarrow as pa
+
+        sp = self.ix._specs[s]
+        try:
+            if sp.local:
+                src = pa.memory_map(sp.fspath, "r")
+            else:
+                src = pa.BufferReader(self.ix._caches["blobs"].get(("raw", s), lambda: sp.fs.cat_file(sp.fspath)))
+        except OSError as e:
+            if isinstance(e, (FileNotFoundError, PermissionError)) or not isinstance(e, pa.ArrowException):
+                raise self.ix._io_error(s, e, "reading") from None
+            raise
+        try:
+            reader = pa.ipc.open_stream(src)
+        except pa.ArrowInvalid:
+            try:  # a standalone .arrow file may use the IPC *file* format (its footer is checked)
+                src.seek(0)
+                return pa.ipc.open_file(src)
+            except pa.ArrowInvalid as e:
+                raise self.ix._err(
+                    s,
+                    f"not a valid Arrow IPC stream or file: {e}",
+                    "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
+                ) from None
+        # a stream cut at a message boundary reads as a valid, shorter one: it must end with the
+        # end-of-stream marker (or the 4 zero bytes of the pre-1.0 format)
+        size = src.size()
+        tail = bytes(src.read_at(min(8, size), max(0, size - 8))) if size else b""
+        if tail != _ARROW_EOS and tail[-4:] != b"\x00\x00\x00\x00":
+            raise self.ix._err(
+                s,
+                f"truncated Arrow stream: the file ({size} bytes) does not end with the end-of-stream marker, so "
+                "record batches after its last complete one may be missing",
+                "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
+            )
+        return reader
+
+    def build(self, s: int) -> dict[str, np.ndarray]:
+        """The UTF-8 length of every row's text (0 for nulls), checking the stream's end marker."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        r = self._arrow_reader(s)
+        self._check_text_column(s, r.schema)
+        lengths = []
+        try:
+            batches = (
+                r
+                if isinstance(r, pa.ipc.RecordBatchStreamReader)
+                else (r.get_batch(i) for i in range(r.num_record_batches))
+            )
+            for b in batches:
+                col = b.column(self.ix.text_field)
+                lengths.append(pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))
+        except pa.ArrowInvalid as e:
+            raise self.ix._err(
+                s,
+                f"corrupt or truncated Arrow data: {e}",
+                "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
+            ) from None
+        return {"lengths": np.concatenate(lengths) if lengths else np.zeros(0, np.int64)}
+
+    def read(self, s: int, idx: np.ndarray) -> list[str | BadRecord]:
+        """Rows ``idx`` from the shard's text column (memory-mapped when local, cached)."""
+        import pyarrow as pa
+
+        def load():
+            self.ix._check_unchanged_before_read(s)
+            r = self._arrow_reader(s)
+            try:
+                t = r.read_all()
+            except pa.ArrowInvalid as e:
+                raise self.ix._err(
+                    s,
+                    f"corrupt or truncated Arrow data: {e}",
+                    "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
+                ) from None
+            return t.column(self.ix.text_field)
+
+        out: list = [None] * idx.size
+        keep = self.drop_oversized(s, idx, self.ix._shard(s)["lengths"][idx], out)
+        if keep.size:
+            col = self.ix._caches["arrow_cols"].get(s, load)
+            vals = col.take(pa.array(idx[keep])).to_pylist()
+            for k, v in zip(keep.tolist(), vals):
+                out[k] = self._value(s, int(idx[k]), v)
+        return out
