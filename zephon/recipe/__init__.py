@@ -4,13 +4,15 @@ One module per job: :mod:`~zephon.recipe.spec` (the schema: frozen dataclasses, 
 validated from TOML), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the
 work plan), :mod:`~zephon.recipe.build` (each lane's pipeline of operators),
 :mod:`~zephon.recipe.migrations` (how lane states moved between checkpoint formats), and
-:mod:`~zephon.recipe.recipe` (the :class:`Recipe` that ties them together).
+:mod:`~zephon.recipe.recipe` (the :class:`Recipe` that ties them together) and
+:mod:`~zephon.recipe.runtime` (:class:`RankBatches`: one rank's batches, step by step).
 """
 
 from .build import RecipeLanes, build_lane
 from .migrations import LANE_MIGRATIONS
 from .prepare import Prepared, TokenEstimate, estimate_tokens, prepare
 from .recipe import Recipe
+from .runtime import RankBatches
 from .spec import (
     LIMITS,
     DatasetSpec,
@@ -33,6 +35,7 @@ __all__ = [
     "MixingSpec",
     "PackSpec",
     "Prepared",
+    "RankBatches",
     "Recipe",
     "RecipeError",
     "RecipeLanes",
