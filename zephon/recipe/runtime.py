@@ -28,8 +28,8 @@ from zephon.engine import (
     WorkerConfig,
     check_world_size,
     divisors,
-    ledger_digest,
     lanes_of_rank,
+    ledger_digest,
 )
 
 from .recipe import Recipe
