@@ -118,10 +118,10 @@ class RankBatches:
         return f"{message} {hint}" if hint else message
 
     def _open(self) -> Router | GlobalLoader:
-        r, kw = self.recipe, {"workers": self._workers, "digests": self._digests}
+        r, workers, digests = self.recipe, self._workers, self._digests
         if self.rank is None:
-            return r.global_loader(self.world_size, **kw)
-        return r.router(self.world_size, self.rank, **kw)
+            return r.global_loader(self.world_size, workers=workers, digests=digests)
+        return r.router(self.world_size, self.rank, workers=workers, digests=digests)
 
     # -- iteration ---------------------------------------------------------------------------
     @property
