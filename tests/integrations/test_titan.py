@@ -229,22 +229,28 @@ def test_tokenizer_check(recipe_path):
     ).close()
 
 
-def test_trainer_global_batch_check(recipe_path):
-    """Built from a Trainer whose step is not the recipe's global batch: refused, naming the flag."""
-    from torchtitan.trainer import Trainer
+def test_trainer_global_batch_check(recipe_path, tmp_path):
+    """Built from a with_zephon trainer config whose step is not the recipe's global batch (the
+    command line changed it): refused, naming the flag."""
+    from torchtitan.config import ConfigManager
 
-    class FakeTrainer(Trainer):
-        def __init__(self, ga):
-            self.gradient_accumulation_steps = ga
-            self.num_pipeline_parallel_microbatches = 1
-            self.dataloader = _build(recipe_path, W=2, lbs=2)
+    def loader_of(*argv):
+        cfg = ConfigManager().parse_args(["--module", "titan_launcher", "--config", "zephon_llama3_cpu", *argv])
+        assert cfg.dataloader.dump_folder == cfg.dump_folder == dump  # passed on after the command line
+        return cfg.dataloader.build(dp_world_size=2, dp_rank=0, tokenizer=None, seq_len=SEQ, local_batch_size=2)
 
-        def __del__(self):
-            pass
-
-    FakeTrainer(4).dataloader.close()  # 4 x 2 rows x 2 ranks = 16 = the recipe's global batch
-    with pytest.raises(ValueError, match="--training.global_batch_size 16"):
-        FakeTrainer(1)
+    dump = str(tmp_path / "dump")
+    sys.path.insert(0, HERE)
+    os.environ["ZEPHON_TEST_RECIPE"] = recipe_path
+    try:
+        ok = loader_of("--dump_folder", dump, "--training.local_batch_size", "2")
+        assert ok.ledger is not None and ok.ledger.path.startswith(os.path.join(dump, "zephon_ledger"))
+        ok.close()  # 16 rows = 4 grad-accum steps x 2 rows x 2 ranks = the recipe's global batch
+        with pytest.raises(ValueError, match="--training.global_batch_size 16"):
+            loader_of("--dump_folder", dump, "--training.global_batch_size", "4")
+    finally:
+        os.environ.pop("ZEPHON_TEST_RECIPE")
+        sys.path.remove(HERE)
 
 
 def test_state_roundtrip_across_world_sizes(recipe_path):
@@ -361,11 +367,13 @@ def test_model_parallel_peers_identical(recipe_path):
 def test_config_function_and_cli(recipe_path, monkeypatch):
     from torchtitan.config import ConfigManager
 
-    monkeypatch.setattr(zt, "demo_recipe_path", lambda root=None: recipe_path)
+    import zephon.integrations.torchtitan_demo as zdemo
+
+    monkeypatch.setattr(zdemo, "demo_recipe_path", lambda root=None: recipe_path)
     cfg = ConfigManager().parse_args(
         [
             "--module",
-            "zephon.titan",
+            "zephon.integrations.torchtitan_demo",
             "--config",
             "zephon_llama3_debug",
             "--dataloader.workers",

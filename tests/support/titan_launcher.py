@@ -144,6 +144,7 @@ def _cpu_common(config) -> None:
 
 # -- a zephon loader that records per-lane hashes of every step --------------------------------
 import zephon.integrations.torchtitan as zt  # noqa: E402  (after patch_cpu)
+import zephon.integrations.torchtitan_demo as zdemo  # noqa: E402
 
 
 class HashingZephonDataLoader(zt.ZephonDataLoader):
@@ -152,7 +153,7 @@ class HashingZephonDataLoader(zt.ZephonDataLoader):
         pass
 
     def on_local_batch(self, step, batch) -> None:
-        owned = self._router.owned
+        owned = self.batches.lanes
         hashes = lane_hashes(batch, owned, self.recipe.rows_per_lane)
         _append(
             "hashes",
@@ -167,7 +168,7 @@ class HashingZephonDataLoader(zt.ZephonDataLoader):
 
 def zephon_llama3_cpu():
     """llama3 debug model on a zephon recipe ($ZEPHON_TEST_RECIPE), CPU-friendly."""
-    config = zt.zephon_llama3_debug()
+    config = zdemo.zephon_llama3_debug()
     recipe = os.environ.get("ZEPHON_TEST_RECIPE", "demo")
     zt.with_zephon(config, recipe, local_batch_size=int(os.environ.get("ZEPHON_TEST_LBS", "4")))
     config.dataloader = HashingZephonDataLoader.Config(recipe=recipe)

@@ -20,10 +20,11 @@ own config and swaps in zephon with :func:`with_zephon`::
 :func:`with_zephon` sets ``dataloader``, ``training.seq_len`` and ``training.global_batch_size``
 from the recipe (the global batch is fixed by the recipe; ``training.local_batch_size`` is then
 yours to pick per DP degree: ``global = local x dp x grad-accum``). Point ``hf_assets_path`` at a
-tokenizer with the same vocabulary as the recipe's (the loader checks). The bundled example::
+tokenizer with the same vocabulary as the recipe's (the loader checks). The bundled example
+(:mod:`zephon.integrations.torchtitan_demo`)::
 
     torchrun --standalone --nproc_per_node=2 -m torchtitan.train \\
-        --module zephon.titan --config zephon_llama3_debug --training.local_batch_size 8
+        --module zephon.integrations.torchtitan_demo --config zephon_llama3_debug --training.local_batch_size 8
 
 Fields of :class:`ZephonDataLoader.Config` override recipe values from the command line, e.g.
 ``--dataloader.workers 4 --dataloader.backend process`` (performance only: the data is the same)
@@ -58,8 +59,8 @@ in ``global_batch_size / (W x local_batch_size)`` consecutive slices (grad-accum
 microbatches). A checkpoint can only be taken between recipe steps (TorchTitan saves after the
 optimizer step, which is exactly there); ``state_dict()`` in the middle of a recipe step raises,
 because the rows still owed by a half-used step cannot be redistributed to another DP degree.
-Inside TorchTitan's trainer the loader also checks at build time that the trainer's step equals
-the recipe's global batch, and says which flag to change when it does not.
+Built from a :func:`with_zephon` trainer config, the loader also checks at build time that the
+trainer's step equals the recipe's global batch, and says which flag to change when it does not.
 
 Validation on one fixed set, on every DP degree
 -----------------------------------------------
@@ -85,12 +86,10 @@ two runs, or a run and a recipe (see :mod:`zephon.tools.ledger`). A resumed run 
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
 import os
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -98,28 +97,20 @@ import numpy as np
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon.engine import (
-    SHARED_KEY,
-    StateError,
-    WorkerConfig,
-    decode_state,
-    divisors,
-    encode_state,
-    is_lane_key,
-    valid_world_sizes,
-)
-from zephon.recipe import Recipe, RecipeError
+from zephon.engine import SHARED_KEY, StateError, WorkerConfig, decode_state, divisors, encode_state, is_lane_key
+from zephon.recipe import RankBatches, Recipe, RecipeError
 from zephon.tools.ledger import LEDGER_DIR, LedgerWriter, dataset_tokens
 
-__all__ = ["ZephonDataLoader", "demo_recipe_path", "titan_mm_batch", "with_zephon", "zephon_llama3_debug"]
+__all__ = ["RECIPE_NAMES", "ZephonDataLoader", "titan_mm_batch", "with_zephon"]
 
 _LOG = logging.getLogger("zephon")
 
 #: keys of a batch that TorchTitan's decoder models (llama3, qwen3, ...) accept besides ``input``
 MODEL_KEYS = ("positions",)
 
-#: TorchTitan's ``MultiModalTokenizer.TOKEN_FIELDS`` -> zephon's placeholder names
-_SPECIAL_FIELDS = {"image": "image", "video": "video", "vision_start": "vision_start", "vision_end": "vision_end"}
+#: named recipes ``ZephonDataLoader.Config.recipe`` accepts besides a path: name -> a function
+#: returning the TOML path (:mod:`zephon.integrations.torchtitan_demo` adds ``"demo"``)
+RECIPE_NAMES: dict[str, Callable[[], str]] = {}
 
 
 def titan_mm_batch(
@@ -191,43 +182,12 @@ def titan_mm_batch(
     return out, labels
 
 
-def demo_recipe_path(root: str | None = None) -> str:
-    """The bundled demo recipe (data generated on first use; safe with many ranks at once)."""
-    from zephon.tools.demo import demo_root, write_demo_recipe
-
-    root = demo_root(root)
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, ".lock"), "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # ranks of one node generate the corpus once
-        try:
-            return write_demo_recipe(root)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _current_trainer_init() -> Any:
-    """The TorchTitan ``Trainer`` whose ``__init__`` is building us, if any (for checks and the
-    ledger's folder)."""
-    mod = sys.modules.get("torchtitan.trainer")
-    trainer_cls = getattr(mod, "Trainer", None)
-    if trainer_cls is None:
-        return None
-    f: Any = sys._getframe(1)
-    while f is not None:
-        obj = f.f_locals.get("self")
-        if isinstance(obj, trainer_cls):
-            # only the trainer's own loader (built in __init__); the validator builds its loader
-            # later, from train(), and has no gradient accumulation
-            return obj if f.f_code.co_name == "__init__" else None
-        f = f.f_back
-    return None
-
-
 class ZephonDataLoader(BaseDataLoader):
     """One DP rank's zephon loader for TorchTitan: yields ``({"input", "positions"}, labels)``.
 
     Built by the trainer as ``config.build(dp_world_size=, dp_rank=, tokenizer=, seq_len=,
-    local_batch_size=, ...)``; see the module docstring for the contract.
+    local_batch_size=, ...)``; the steps, slices, checkpoint rule and end of the data are a
+    :class:`zephon.recipe.RankBatches`. See the module docstring for the contract.
 
     >>> import tempfile
     >>> from zephon.tools.demo import write_demo_recipe
@@ -247,7 +207,8 @@ class ZephonDataLoader(BaseDataLoader):
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
         recipe: str = ""
-        """Path of the zephon recipe (TOML), or "demo" for the bundled demo data."""
+        """Path of the zephon recipe (TOML), or a name of ``RECIPE_NAMES`` ("demo" with
+        ``--module zephon.integrations.torchtitan_demo``)."""
 
         seed: int | None = None
         """Override the recipe's seed (a new data definition)."""
@@ -291,27 +252,33 @@ class ZephonDataLoader(BaseDataLoader):
         """Folder for the batch ledger ("" = ``<dump_folder>/zephon_ledger`` inside the trainer;
         outside a trainer no ledger is written unless this is set)."""
 
-        def load_recipe(self) -> Recipe:
-            """The recipe with this config's overrides applied (validated)."""
-            path = self.recipe
-            if not path:
+        dump_folder: str = ""
+        """The trainer's ``dump_folder``, passed in by a :func:`with_zephon` config once the
+        command line is parsed ("" = not built by a trainer); leave it unset."""
+
+        trainer_global_batch_size: int = 0
+        """The trainer's ``training.global_batch_size``, passed in like ``dump_folder``: the
+        loader refuses a trainer step that is not one recipe step (0 = no trainer)."""
+
+        trainer_local_batch_size: int = 0
+        """The trainer's ``training.local_batch_size``, passed in like ``dump_folder``."""
+
+        def recipe_file(self) -> str:
+            """The recipe's TOML path (a name of ``RECIPE_NAMES`` resolved)."""
+            if not self.recipe:
                 raise RecipeError(
                     "ZephonDataLoader.Config.recipe is empty: set it to a recipe TOML path "
                     '(--dataloader.recipe path/to/recipe.toml), or "demo" for the bundled demo data'
                 )
-            if path == "demo":
-                path = demo_recipe_path()
-            recipe = Recipe.from_toml(path)
-            changes: dict[str, Any] = {}
-            for field_name, key in (
-                ("seed", "seed"),
-                ("lanes", "lanes"),
-                ("recipe_seq_len", "seq_len"),
-                ("global_batch_size", "global_batch_size"),
-            ):
-                value = getattr(self, field_name)
-                if value is not None:
-                    changes[key] = value
+            named = RECIPE_NAMES.get(self.recipe)
+            return named() if named is not None else self.recipe
+
+        def load_recipe(self) -> Recipe:
+            """The recipe with this config's overrides applied (validated)."""
+            recipe = Recipe.from_toml(self.recipe_file())
+            fields = {"seed": self.seed, "lanes": self.lanes, "seq_len": self.recipe_seq_len}
+            fields["global_batch_size"] = self.global_batch_size
+            changes = {k: v for k, v in fields.items() if v is not None}
             return recipe.replace(**changes) if changes else recipe
 
         def worker_override(self, recipe: Recipe) -> WorkerConfig | None:
@@ -331,39 +298,14 @@ class ZephonDataLoader(BaseDataLoader):
         **kwargs: Any,
     ) -> None:
         self.config = config
-        self.recipe = config.load_recipe()
-        r = self.recipe
+        self.recipe = r = config.load_recipe()
         self.dp_world_size, self.dp_rank = int(dp_world_size), int(dp_rank)
-        W = self.dp_world_size
-        if W < 1 or not 0 <= self.dp_rank < W:
-            raise ValueError(f"zephon.titan: dp_rank must be in [0, dp_world_size), got {dp_rank} of {dp_world_size}")
-        if r.lanes % W:
-            raise ValueError(
-                f"zephon.titan: the data-parallel degree is {W} but the recipe has lanes = {r.lanes}, which {W} does "
-                f"not divide. Run with a DP degree in {valid_world_sizes(r.lanes)}, or start a new run with a lane "
-                f"count that every DP degree you will use divides (e.g. lanes = {math.lcm(r.lanes, W)}; "
-                "--dataloader.lanes N, which changes the data definition)."
-            )
         if seq_len is not None and seq_len != r.seq_len:
             raise ValueError(
                 f"zephon.titan: training.seq_len = {seq_len} but the recipe has seq_len = {r.seq_len}. Set "
                 f"--training.seq_len {r.seq_len}, or change the recipe (seq_len = {seq_len} in the TOML, or "
                 f"--dataloader.recipe_seq_len {seq_len}; either is a new data definition)."
             )
-        self.rows_per_step = r.global_batch_size // W  # this rank's rows of one recipe step
-        self.local_batch_size = int(local_batch_size) if local_batch_size is not None else self.rows_per_step
-        lbs = self.local_batch_size
-        if lbs < 1 or self.rows_per_step % lbs:
-            good = divisors(self.rows_per_step)
-            raise ValueError(
-                f"zephon.titan: the recipe's global batch is {r.global_batch_size} rows, so each of {W} DP ranks gets "
-                f"{self.rows_per_step} rows per step, which local_batch_size = {lbs} does not divide. Set "
-                f"--training.local_batch_size to one of {good} (with --training.global_batch_size "
-                f"{r.global_batch_size}; gradient accumulation = {self.rows_per_step} / local_batch_size), or "
-                f"change the recipe's global_batch_size."
-            )
-        #: ``next()`` calls per recipe step (= grad-accum steps x pipeline microbatches)
-        self.microbatches_per_step = self.rows_per_step // lbs
         if not config.infinite and not r.spec.finite:
             repeating = [d.name for d in r.datasets if d.policy != "stop"]
             raise ValueError(
@@ -372,98 +314,103 @@ class ZephonDataLoader(BaseDataLoader):
                 'policy = "repeat". Set policy = "stop" on every dataset (and [shuffle] buffer = 1 for a fixed '
                 "validation set), or set --validator.steps N."
             )
-        trainer = self._check_trainer()
-        if tokenizer is not None and config.check_tokenizer:
-            self._check_tokenizer(tokenizer)
-        #: this rank's batch ledger (None: not written), see :mod:`zephon.tools.ledger`
-        self.ledger = self._open_ledger(trainer)
-        self._router = self._make_router()
-        self._end_state: dict[str, Any] | None = None  # the router's state at the end of a finite recipe
+        self.batches = self._open(local_batch_size)
+        self.rows_per_step = self.batches.rows_per_step  # this rank's rows of one recipe step
+        self.local_batch_size = self.batches.local_batch_size
+        #: ``next()`` calls per recipe step (= grad-accum steps x pipeline microbatches)
+        self.microbatches_per_step = self.batches.microbatches_per_step
+        try:
+            self._check_trainer()
+            if tokenizer is not None and config.check_tokenizer:
+                self._check_tokenizer(tokenizer)
+        except ValueError:
+            self.close()
+            raise
         self.special_tokens: dict[str, int] = {}
         if r.multimodal:
-            p = r.prepare()
-            self.special_tokens = {f"{k}_id": v for k, v in p.special.items()}
-            self.special_tokens["pad_id"] = p.pad_id
-        self._buffer: dict[str, Any] | None = None
-        self._offset = 0  # rows of the buffered recipe step already handed out
-        self._exhausted = False
+            self.special_tokens = {f"{k}_id": v for k, v in r.special_tokens.items()}
+            self.special_tokens["pad_id"] = r.pad_id
+        self._tensors: dict[str, torch.Tensor] = {}  # the current step as tensors (text recipes)
 
-    def _make_router(self) -> Any:
-        r = self.recipe
-        return r.router(
-            self.dp_world_size,
-            self.dp_rank,
-            workers=self.config.worker_override(r),
-            digests=self.ledger is not None,
-        )
-
-    def _open_ledger(self, trainer: Any) -> LedgerWriter | None:
+    def _open(self, local_batch_size: int | None) -> RankBatches:
+        r, W = self.recipe, self.dp_world_size
+        G = r.global_batch_size
+        hints = {
+            "world_size": f"Run with a DP degree in {divisors(r.lanes)}, or start a new run with a lane count that "
+            f"every DP degree you will use divides (e.g. lanes = {math.lcm(r.lanes, max(W, 1))}; --dataloader.lanes N, "
+            "which changes the data definition).",
+            "local_batch_size": f"Set --training.local_batch_size to one of {divisors(max(G // max(W, 1), 1))} (with "
+            f"--training.global_batch_size {G}; gradient accumulation = rows per step / local_batch_size).",
+            "between_steps": "Make one trainer step consume exactly the recipe's global batch "
+            f"(--training.global_batch_size {G}).",
+        }
+        if W < 1 or not 0 <= self.dp_rank < W:
+            raise ValueError(f"zephon.titan: dp_rank must be in [0, dp_world_size), got {self.dp_rank} of {W}")
         cfg = self.config
-        if not cfg.ledger:
-            return None
-        folder = cfg.ledger_dir
-        if not folder:
-            dump = getattr(getattr(trainer, "config", None), "dump_folder", None)
-            if not dump:
-                return None
-            folder = os.path.join(dump, LEDGER_DIR)
+        folder = cfg.ledger_dir or (os.path.join(cfg.dump_folder, LEDGER_DIR) if cfg.dump_folder else "")
+        try:
+            batches = RankBatches(
+                r,
+                W,
+                self.dp_rank,
+                local_batch_size=local_batch_size,
+                workers=cfg.worker_override(r),
+                digests=bool(cfg.ledger and folder),
+                hints=hints,
+            )
+        except ValueError as e:
+            raise ValueError(f"zephon.titan: {e}") from None
+        #: this rank's batch ledger (None: not written), see :mod:`zephon.tools.ledger`
+        self.ledger = self._open_ledger(folder, batches.lanes) if cfg.ledger and folder else None
+        return batches
+
+    def _open_ledger(self, folder: str, lanes: range) -> LedgerWriter:
         r = self.recipe
-        path = cfg.recipe if cfg.recipe != "demo" else demo_recipe_path()
         return LedgerWriter(
             folder,
             rank=int(os.environ.get("RANK", self.dp_rank)),
             world_size=self.dp_world_size,
-            lane_range=self._owned(),
+            lane_range=lanes,
             lanes=r.lanes,
-            recipe=os.path.abspath(path),
+            recipe=os.path.abspath(self.config.recipe_file()),
             fingerprint=r.fingerprint,
             datasets=[d.name for d in r.datasets],
         )
 
-    def _owned(self) -> range:
-        per = self.recipe.lanes // self.dp_world_size
-        return range(self.dp_rank * per, (self.dp_rank + 1) * per)
-
     # -- checks ------------------------------------------------------------------------------
-    def _check_trainer(self) -> Any:
-        trainer = _current_trainer_init()
-        if trainer is None:
-            return None
-        ga = getattr(trainer, "gradient_accumulation_steps", None)
-        pp = getattr(trainer, "num_pipeline_parallel_microbatches", 1)
-        if not isinstance(ga, int) or not isinstance(pp, int):
-            return trainer
-        calls = ga * pp
-        if calls != self.microbatches_per_step:
-            trainer_global = calls * self.local_batch_size * self.dp_world_size
-            G = self.recipe.global_batch_size
+    def _check_trainer(self) -> None:
+        cfg, G, W = self.config, self.recipe.global_batch_size, self.dp_world_size
+        if cfg.trainer_local_batch_size < 1:
+            return  # not built by a with_zephon trainer config
+        theirs = cfg.trainer_global_batch_size
+        theirs = theirs if theirs > 0 else cfg.trainer_local_batch_size * W  # TorchTitan's rule for -1
+        if theirs != G:
             raise ValueError(
-                f"zephon.titan: TorchTitan's optimizer step is {trainer_global} rows ({ga} gradient-accumulation "
-                f"step(s) x {pp} microbatch(es) x {self.local_batch_size} rows x {self.dp_world_size} DP ranks) but "
-                f"the recipe's global batch is {G} rows. Set --training.global_batch_size {G} (or use "
-                f"zephon.titan.with_zephon, which does), so that one trainer step is one recipe step; otherwise "
+                f"zephon.titan: TorchTitan's optimizer step is {theirs} rows (training.global_batch_size, "
+                f"{cfg.trainer_local_batch_size} rows per DP rank and microbatch step x {W} DP ranks x gradient "
+                f"accumulation) but the recipe's global batch is {G} rows. Set --training.global_batch_size {G} (or use "
+                "zephon.titan.with_zephon, which does), so that one trainer step is one recipe step; otherwise "
                 "checkpoints fall in the middle of a recipe step and cannot resume on another DP degree."
             )
-        return trainer
 
     def _check_tokenizer(self, tokenizer: Any) -> None:
         get = getattr(tokenizer, "get_vocab_size", None)
         if get is None:
             return
-        ours = self.recipe.prepare().tokenizer
-        if self.recipe.multimodal:
-            for name, ours_id in self.recipe.prepare().special.items():
-                theirs_id = getattr(tokenizer, f"{name}_id", None)
-                if theirs_id is not None and int(theirs_id) != ours_id:
-                    raise ValueError(
-                        f"zephon.titan: the trainer's tokenizer has {name}_id = {theirs_id}, the recipe's placeholder "
-                        f"[vision].{name}_token has id {ours_id}; use the same tokenizer (hf_assets_path) and tokens"
-                    )
+        r = self.recipe
+        ours = r.tokenizer
+        for name, ours_id in r.special_tokens.items():
+            theirs_id = getattr(tokenizer, f"{name}_id", None)
+            if theirs_id is not None and int(theirs_id) != ours_id:
+                raise ValueError(
+                    f"zephon.titan: the trainer's tokenizer has {name}_id = {theirs_id}, the recipe's placeholder "
+                    f"[vision].{name}_token has id {ours_id}; use the same tokenizer (hf_assets_path) and tokens"
+                )
         theirs = int(get())
         if theirs != ours.vocab_size or getattr(tokenizer, "eos_id", ours.eos_id) != ours.eos_id:
             raise ValueError(
                 f"zephon.titan: the trainer's tokenizer (hf_assets_path) has {theirs} tokens and eos_id "
-                f"{getattr(tokenizer, 'eos_id', None)}, the recipe's tokenizer at {self.recipe.spec.tokenizer.path!r} has "
+                f"{getattr(tokenizer, 'eos_id', None)}, the recipe's tokenizer at {r.spec.tokenizer.path!r} has "
                 f"{ours.vocab_size} tokens and eos_id {ours.eos_id}. Set --hf_assets_path to the recipe's tokenizer "
                 "folder (or the same vocabulary), or --dataloader.check_tokenizer false if you know they agree."
             )
@@ -471,84 +418,60 @@ class ZephonDataLoader(BaseDataLoader):
     # -- iteration ---------------------------------------------------------------------------
     @property
     def step(self) -> int:
-        """Recipe steps fetched by this rank (the router's step counter)."""
-        return self._router.step
+        """Recipe steps fetched by this rank."""
+        return self.batches.step
 
     def on_local_batch(self, step: int, batch: dict[str, np.ndarray]) -> None:
         """Hook: called once per recipe step with this rank's whole local batch (numpy, all fields,
         lanes in order, ``rows_per_step`` rows). ``step`` counts from 1. Default: nothing."""
 
-    def _fetch(self) -> None:
-        batch = next(self._router)
+    def _fetched(self, batch: dict[str, Any]) -> None:
+        """A new recipe step: the ledger line, the hook, the metrics line, the tensors."""
+        step = self.batches.step
         if self.ledger is not None:
             r = self.recipe
-            digests = self._router.last_lane_digests
-            assert digests is not None
             tokens = dataset_tokens(batch["dataset"], r.rows_per_lane, len(r.datasets))
-            self.ledger.write(self._router.step - 1, digests, tokens)
-        self.on_local_batch(self._router.step, batch)
-        every = self.config.log_every
-        if every and self._router.step % every == 0:
+            self.ledger.write(step - 1, self.batches.lane_digests(), tokens)
+        self.on_local_batch(step, batch)
+        if self.config.log_every and step % self.config.log_every == 0:
             self.log_metrics()
-        if self.recipe.multimodal:
-            self._buffer = batch  # numpy; sliced and laid out per microbatch in __next__
-            self._offset = 0
-            return
-        keys = ("input", "labels") + (MODEL_KEYS if self.config.with_positions else ())
-        self._buffer = {k: torch.from_numpy(np.ascontiguousarray(batch[k], dtype=np.int64)) for k in keys}
-        self._offset = 0
+        if not self.recipe.multimodal:
+            keys = ("input", "labels") + (MODEL_KEYS if self.config.with_positions else ())
+            self._tensors = {k: torch.from_numpy(np.ascontiguousarray(batch[k], dtype=np.int64)) for k in keys}
 
-    def __next__(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        if self._exhausted:
+    def __next__(self) -> tuple[dict[str, Any], torch.Tensor]:
+        if self.batches.ended:
             raise StopIteration
-        if self._buffer is None or self._offset >= self.rows_per_step:
-            try:
-                self._fetch()
-            except StopIteration:
-                self._finish()
-                raise
-        lo, hi = self._offset, self._offset + self.local_batch_size
-        self._offset = hi
-        b = self._buffer
-        assert b is not None
+        try:
+            batch, lo, hi = self.batches.next_slice()
+        except StopIteration:
+            if self.ledger is not None:
+                self.ledger.close()
+            end = self.batches.end
+            if self.config.log_every and end is not None:
+                _LOG.info("zephon rank %d: %s", self.dp_rank, end.describe())
+            raise
+        if lo == 0:
+            self._fetched(batch)
         if self.recipe.multimodal:
-            return titan_mm_batch(
-                b,
-                lo,
-                hi,
-                special_tokens=self.special_tokens,
-                merge_size=self.recipe.vision.merge_size,
-                with_positions=self.config.with_positions,
-            )
-        inputs = {"input": b["input"][lo:hi]}
-        for k in MODEL_KEYS:
-            if k in b:
-                inputs[k] = b[k][lo:hi]
-        return inputs, b["labels"][lo:hi]
+            merge = self.recipe.vision.merge_size
+            sp, pos = self.special_tokens, self.config.with_positions
+            return titan_mm_batch(batch, lo, hi, special_tokens=sp, merge_size=merge, with_positions=pos)
+        b = self._tensors
+        return {k: b[k][lo:hi] for k in ("input",) + MODEL_KEYS if k in b}, b["labels"][lo:hi]
 
-    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[dict[str, Any], torch.Tensor]]:
         return self
 
-    def _finish(self) -> None:
-        """The end of a finite recipe (the same ``next()`` call on every rank): keep the final
-        state, release the workers (TorchTitan's validator never closes its loader)."""
-        self._exhausted = True
-        self._buffer = None
-        self._end_state = self._router.state_dict()
-        end = self._router.end
-        if self.config.log_every and end is not None:
-            _LOG.info("zephon rank %d: %s", self.dp_rank, end.describe())
-        self.close()
-
-    # -- checkpointing -----------------------------------------------------------------------
+    # -- metrics and checkpointing -----------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
         """This rank's pipeline metrics, summed over its lanes, per node type."""
-        return self._router.summary_metrics()
+        return self.batches.router.summary_metrics()
 
     def log_metrics(self) -> str:
         """Log (and return) a one-line summary of :meth:`metrics` via the ``zephon`` logger."""
         m = self.metrics()
-        parts = [f"step {self._router.step}"]
+        parts = [f"step {self.batches.step}"]
         for name, v in m.items():
             rate = v.get("items_per_s")
             parts.append(f"{name} {v.get('items', 0)} items" + (f" {rate:,.0f}/s" if rate else ""))
@@ -567,16 +490,10 @@ class ZephonDataLoader(BaseDataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """``{"zephon": bytes, "lane_NNNNN": bytes, ...}``: one JSON value per owned lane."""
-        if self._buffer is not None and 0 < self._offset < self.rows_per_step:
-            raise StateError(
-                f"zephon.titan: state_dict() called after {self._offset // self.local_batch_size} of "
-                f"{self.microbatches_per_step} microbatches of recipe step {self._router.step}. A checkpoint must "
-                "fall between optimizer steps: make one trainer step consume exactly the recipe's global batch "
-                f"(--training.global_batch_size {self.recipe.global_batch_size})."
-            )
-        if self._end_state is not None:  # after the end of a finite recipe: the end, resumable anywhere
-            return encode_state(self._end_state)
-        return encode_state(self._router.state_dict())
+        try:
+            return encode_state(self.batches.state_dict())
+        except StateError as e:
+            raise StateError(f"zephon.titan: {e}") from None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore this rank's lanes from a (DCP-merged) lane-keyed state; empty = keep fresh."""
@@ -591,29 +508,22 @@ class ZephonDataLoader(BaseDataLoader):
             )
         # a value that came back as a uint8 tensor (a storage layer that tensorises bytes) is read as its bytes
         entries = {k: (v.numpy().tobytes() if isinstance(v, torch.Tensor) else v) for k, v in state_dict.items()}
-        if self._router.closed:  # ended (or closed) earlier: a fresh router takes the state
-            self._router = self._make_router()
         try:
-            state = decode_state(entries)
-            self._router.reset(state)
+            self.batches.load_state_dict(decode_state(entries))
         except StateError as e:
             raise StateError(f"zephon.titan: cannot restore the dataloader from this checkpoint: {e}") from None
-        self._buffer = None
-        self._offset = 0
-        self._exhausted = False
-        self._end_state = None
 
     def close(self) -> None:
         """Stop this rank's workers and close its ledger file (idempotent)."""
-        self._router.close()
+        self.batches.close()
         if self.ledger is not None:
             self.ledger.close()
 
     def __del__(self) -> None:  # pragma: no cover - best effort; close() is the real API
         try:
-            router = self.__dict__.get("_router")
-            if router is not None:
-                router.close()
+            batches = self.__dict__.get("batches")
+            if batches is not None:
+                batches.close()
         except Exception:
             pass
 
@@ -626,6 +536,40 @@ class ZephonDataLoader(BaseDataLoader):
 
 
 # -- config functions ------------------------------------------------------------------------
+def _pass_trainer_facts(trainer_config: Any) -> None:
+    """Give the trainer's own loader config what it checks against and where its ledger goes:
+    the dump folder and the trainer's batch, as they stand once the command line is parsed."""
+    dl = getattr(trainer_config, "dataloader", None)
+    if isinstance(dl, ZephonDataLoader.Config):
+        dl.dump_folder = str(trainer_config.dump_folder)
+        dl.trainer_global_batch_size = int(trainer_config.training.global_batch_size)
+        dl.trainer_local_batch_size = int(trainer_config.training.local_batch_size)
+
+
+_WIRED: dict[type, type] = {}
+
+
+def _wire(trainer_config: Any) -> None:
+    """Make ``trainer_config`` pass the trainer's facts to its zephon loader config after every
+    construction (TorchTitan builds a new config from the command line, then ``replace()``\\ s it).
+
+    Its class becomes a subclass of its own class that only adds that step to ``__post_init__``
+    (same fields, slots and name), so TorchTitan and tyro see the same config."""
+    cls = type(trainer_config)
+    if cls not in _WIRED and cls not in _WIRED.values():
+        base_post = getattr(cls, "__post_init__", None)
+
+        def __post_init__(self: Any) -> None:  # noqa: N807 - the dataclass hook
+            if base_post is not None:
+                base_post(self)
+            _pass_trainer_facts(self)
+
+        ns = {"__slots__": (), "__post_init__": __post_init__, "__module__": cls.__module__}
+        _WIRED[cls] = type(cls.__name__, (cls,), dict(ns, __qualname__=cls.__qualname__))
+    trainer_config.__class__ = _WIRED.get(cls, cls)
+    _pass_trainer_facts(trainer_config)
+
+
 def with_zephon(
     trainer_config: Any,
     recipe: str,
@@ -639,6 +583,9 @@ def with_zephon(
     Sets ``dataloader``, ``training.seq_len`` and ``training.global_batch_size`` from the recipe
     (``overrides`` are :class:`ZephonDataLoader.Config` fields, e.g. ``workers=4``), and
     ``checkpoint.last_save_model_only = False`` so the last checkpoint keeps the loader state.
+    The config then passes its final ``dump_folder`` and batch (after the command line) to its
+    ``dataloader`` when that is a :class:`ZephonDataLoader.Config` (the ledger's folder, the
+    check that one trainer step is one recipe step), also when ``dataloader`` is replaced later.
     ``local_batch_size`` (rows per ``next()``) defaults to the config's own if it divides the
     global batch, else to the global batch.
 
@@ -652,6 +599,7 @@ def with_zephon(
     cfg = ZephonDataLoader.Config(recipe=recipe, **overrides)
     r = cfg.load_recipe()
     trainer_config.dataloader = cfg
+    _wire(trainer_config)
     trainer_config.training.seq_len = r.seq_len
     trainer_config.training.global_batch_size = r.global_batch_size
     if local_batch_size is not None:
@@ -688,35 +636,3 @@ def with_zephon(
         trainer_config.validator.steps = -1
         trainer_config.validator.dataloader = vcfg
     return trainer_config
-
-
-def resize_vocab(trainer_config: Any, vocab_size: int) -> Any:
-    """Set a decoder model's vocabulary (embedding, output layer, loss) to ``vocab_size``."""
-    model = trainer_config.model_spec.model
-    model.vocab_size = vocab_size
-    if getattr(model, "tok_embeddings", None) is not None:
-        model.tok_embeddings.num_embeddings = vocab_size
-    if getattr(model, "lm_head", None) is not None:
-        model.lm_head.out_features = vocab_size
-    loss = trainer_config.loss
-    inner = getattr(loss, "loss_fn", loss)
-    if hasattr(inner, "global_vocab_size"):
-        inner.global_vocab_size = vocab_size
-    return trainer_config
-
-
-def zephon_llama3_debug() -> Any:
-    """``--module zephon.titan --config zephon_llama3_debug``: TorchTitan's llama3 debug model
-    (vocabulary resized to the bundled tokenizer's 4096 tokens) on the bundled demo data
-    (16 lanes, seq_len 256, global batch 32 rows; local_batch_size 8: gradient accumulation
-    4 / W on W = 1, 2 or 4 DP ranks; pass --training.local_batch_size 4 on 8 ranks, 2 on 16)."""
-    from torchtitan.models.llama3.config_registry import llama3_debugmodel
-
-    from zephon.tools.demo import TOKENIZER_DIR
-
-    config = llama3_debugmodel()
-    config.hf_assets_path = TOKENIZER_DIR
-    with_zephon(config, "demo", local_batch_size=8)
-    resize_vocab(config, 4096)
-    config.validator.enable = False
-    return config

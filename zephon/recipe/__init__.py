@@ -5,7 +5,8 @@ key declared once), :mod:`~zephon.recipe.parse` (TOML into the schema, and the c
 rules), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the work plan),
 :mod:`~zephon.recipe.build` (each lane's pipeline of operators),
 :mod:`~zephon.recipe.migrations` (how lane states moved between checkpoint formats), and
-:mod:`~zephon.recipe.recipe` (the :class:`Recipe` that ties them together).
+:mod:`~zephon.recipe.recipe` (the :class:`Recipe` that ties them together) and
+:mod:`~zephon.recipe.runtime` (:class:`RankBatches`: one rank's batches, step by step).
 """
 
 from .build import RecipeLanes, build_lane
@@ -13,6 +14,7 @@ from .migrations import LANE_MIGRATIONS
 from .parse import parse_recipe
 from .prepare import Prepared, TokenEstimate, estimate_tokens, prepare
 from .recipe import Recipe
+from .runtime import RankBatches
 from .spec import (
     LIMITS,
     DatasetSpec,
@@ -34,6 +36,7 @@ __all__ = [
     "MixingSpec",
     "PackSpec",
     "Prepared",
+    "RankBatches",
     "Recipe",
     "RecipeError",
     "RecipeLanes",

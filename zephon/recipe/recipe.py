@@ -175,6 +175,17 @@ class Recipe:
         return self.prepare().tokenizer
 
     @property
+    def special_tokens(self) -> dict[str, int]:
+        """Ids of the vision placeholders (``image``, ``video``, ``vision_start``, ``vision_end``)
+        of a vision-language recipe; empty for a text recipe."""
+        return dict(self.prepare().special)
+
+    @property
+    def pad_id(self) -> int:
+        """The id of padding in the batches (the tokenizer's pad token, else its EOS, else 0)."""
+        return self.prepare().pad_id
+
+    @property
     def estimates(self) -> dict[str, TokenEstimate]:
         """Measured tokens per byte per dataset."""
         return dict(self.prepare().estimates)

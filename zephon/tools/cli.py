@@ -30,7 +30,7 @@ from zephon.engine import (
     load_state,
     save_state,
 )
-from zephon.recipe import Recipe, RecipeError, max_workers
+from zephon.recipe import RankBatches, Recipe, RecipeError, max_workers
 
 from .demo import demo_recipe
 from .display import describe_plan, format_batch_rows, format_row
@@ -106,11 +106,11 @@ def run_hashes(
         raise ValueError(f"digest must be 'batch' or 'ledger', got {digest!r}")
     hashes = []
     state = load_state(_state_file(resume), lanes=recipe.lanes) if resume else None
-    with recipe.global_loader(world_size, workers=workers, digests=digest == "ledger") as g:
+    with RankBatches(recipe, world_size, None, workers=workers, digests=digest == "ledger") as g:
         start = 0
         if state is not None:
             g.load_state_dict(state)
-            start = g.routers[0].step
+            start = g.step
         if save_at is not None and not start < save_at <= start + steps:
             raise ValueError(
                 f"--save-at {save_at} is not one of the steps this run computes ({start + 1}..{start + steps}): "
@@ -118,7 +118,7 @@ def run_hashes(
             )
         for t in range(start, start + steps):
             try:
-                batch = next(g)
+                batch = g.next_step()
             except StopIteration:
                 shown = f"printed steps {start}..{t - 1}" if t > start else "printed no step"
                 print(
@@ -191,62 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     step 0 ...
     0
     """
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--debug", action="store_true", help="on an error, print the tracebacks too (or set ZEPHON_DEBUG=1)"
-    )
-    parser = argparse.ArgumentParser(
-        prog="zephon", description="Elastically deterministic data loading.", parents=[common]
-    )
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser(
-        "demo", help="run the bundled demo offline: decoded rows and hashes across world sizes", parents=[common]
-    )
-    d.add_argument("--root", default=None, help="where to generate the demo data (default ~/.cache/zephon/demo)")
-    d.add_argument("--steps", type=_positive, default=6)
-    h = sub.add_parser("hashes", help="print `step <t> <sha256>` of every global batch", parents=[common])
-    h.add_argument("recipe")
-    h.add_argument("--world-size", type=_positive, default=1)
-    h.add_argument("--steps", type=_positive, default=10)
-    h.add_argument("--workers", type=_count, default=None)
-    h.add_argument("--backend", choices=["thread", "process"], default=None)
-    h.add_argument("--save-at", type=_positive, default=None, help="save the lane-keyed state after this step")
-    h.add_argument("--checkpoint", default=None, help="folder for --save-at")
-    h.add_argument("--resume", default=None, help="folder (or file) written by --save-at; any valid world size")
-    h.add_argument(
-        "--digest",
-        choices=["batch", "ledger"],
-        default="batch",
-        help="batch: sha256 of the global batch; ledger: the digest a run's batch ledger records (zephon ledger)",
-    )
-    i = sub.add_parser(
-        "inspect", help="show the plan: datasets, token shares, lanes; --show N decoded rows", parents=[common]
-    )
-    i.add_argument("recipe")
-    i.add_argument("--show", type=_count, default=0)
-    i.add_argument("--world-size", type=_positive, default=None)
-    i.add_argument("--measure-steps", type=_positive, default=4, help="steps run to measure packing efficiency")
-    led = sub.add_parser("ledger", help="batch ledgers: what a run consumed, per step (show, diff)", parents=[common])
-    lsub = led.add_subparsers(dest="ledger_cmd", required=True)
-    ls = lsub.add_parser(
-        "show", help="print `step <t> <digest>` per global batch of a ledger (as hashes --digest ledger)"
-    )
-    ls.add_argument("ledger", help="a run's dump folder, or its zephon_ledger/ folder")
-    ld = lsub.add_parser(
-        "diff", help="compare two ledgers, a ledger and a recipe, or two recipes: first differing step, lanes, data"
-    )
-    ld.add_argument("a", help="ledger folder, dump folder or recipe .toml")
-    ld.add_argument("b", help="ledger folder, dump folder or recipe .toml")
-    ld.add_argument(
-        "--steps", type=_positive, default=None, help="compare global batches 0..N-1 (two recipes: default 100)"
-    )
-    ld.add_argument(
-        "--world-size", type=_positive, default=1, help="ranks a recipe side is computed with (never changes it)"
-    )
-    ld.add_argument(
-        "--recipe-a", default=None, help="recipe of ledger A, to name documents (default: the one it names)"
-    )
-    ld.add_argument("--recipe-b", default=None, help="recipe of ledger B")
+    parser = _parser()
     args = parser.parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("ZEPHON_DEBUG", "") not in ("", "0")
 
@@ -279,6 +224,79 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The ``zephon`` command line: one sub-command per job."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug", action="store_true", help="on an error, print the tracebacks too (or set ZEPHON_DEBUG=1)"
+    )
+    parser = argparse.ArgumentParser(
+        prog="zephon", description="Elastically deterministic data loading.", parents=[common]
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    _add_demo_and_hashes(sub, common)
+    _add_inspect(sub, common)
+    _add_ledger(sub, common)
+    return parser
+
+
+def _add_demo_and_hashes(sub: Any, common: argparse.ArgumentParser) -> None:
+    d = sub.add_parser(
+        "demo", help="run the bundled demo offline: decoded rows and hashes across world sizes", parents=[common]
+    )
+    d.add_argument("--root", default=None, help="where to generate the demo data (default ~/.cache/zephon/demo)")
+    d.add_argument("--steps", type=_positive, default=6)
+    h = sub.add_parser("hashes", help="print `step <t> <sha256>` of every global batch", parents=[common])
+    h.add_argument("recipe")
+    h.add_argument("--world-size", type=_positive, default=1)
+    h.add_argument("--steps", type=_positive, default=10)
+    h.add_argument("--workers", type=_count, default=None)
+    h.add_argument("--backend", choices=["thread", "process"], default=None)
+    h.add_argument("--save-at", type=_positive, default=None, help="save the lane-keyed state after this step")
+    h.add_argument("--checkpoint", default=None, help="folder for --save-at")
+    h.add_argument("--resume", default=None, help="folder (or file) written by --save-at; any valid world size")
+    h.add_argument(
+        "--digest",
+        choices=["batch", "ledger"],
+        default="batch",
+        help="batch: sha256 of the global batch; ledger: the digest a run's batch ledger records (zephon ledger)",
+    )
+
+
+def _add_inspect(sub: Any, common: argparse.ArgumentParser) -> None:
+    i = sub.add_parser(
+        "inspect", help="show the plan: datasets, token shares, lanes; --show N decoded rows", parents=[common]
+    )
+    i.add_argument("recipe")
+    i.add_argument("--show", type=_count, default=0)
+    i.add_argument("--world-size", type=_positive, default=None)
+    i.add_argument("--measure-steps", type=_positive, default=4, help="steps run to measure packing efficiency")
+
+
+def _add_ledger(sub: Any, common: argparse.ArgumentParser) -> None:
+    led = sub.add_parser("ledger", help="batch ledgers: what a run consumed, per step (show, diff)", parents=[common])
+    lsub = led.add_subparsers(dest="ledger_cmd", required=True)
+    ls = lsub.add_parser(
+        "show", help="print `step <t> <digest>` per global batch of a ledger (as hashes --digest ledger)"
+    )
+    ls.add_argument("ledger", help="a run's dump folder, or its zephon_ledger/ folder")
+    ld = lsub.add_parser(
+        "diff", help="compare two ledgers, a ledger and a recipe, or two recipes: first differing step, lanes, data"
+    )
+    ld.add_argument("a", help="ledger folder, dump folder or recipe .toml")
+    ld.add_argument("b", help="ledger folder, dump folder or recipe .toml")
+    ld.add_argument(
+        "--steps", type=_positive, default=None, help="compare global batches 0..N-1 (two recipes: default 100)"
+    )
+    ld.add_argument(
+        "--world-size", type=_positive, default=1, help="ranks a recipe side is computed with (never changes it)"
+    )
+    ld.add_argument(
+        "--recipe-a", default=None, help="recipe of ledger A, to name documents (default: the one it names)"
+    )
+    ld.add_argument("--recipe-b", default=None, help="recipe of ledger B")
 
 
 def _at_least(minimum: int) -> Callable[[str], int]:
