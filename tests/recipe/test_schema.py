@@ -104,6 +104,7 @@ def test_key_lists_are_the_dataclass_fields():
         "vision",
         "cache_dir",
         "end",
+        "data_version",
     ] == TOP_KEYS
     assert [f.name for f in dataclasses.fields(VisionTable)] == VISION_KEYS
     for cls in KEYED + TABLES:

@@ -483,6 +483,11 @@ class LaneSet:
         checkpoint cannot be resumed with this pipeline."""
         return self.adopt_end(shared)
 
+    def explain_fingerprint(self, fingerprint: str) -> str:
+        """What resumes a checkpoint written under another fingerprint, when the lane set can
+        tell (a recipe knows which of its data versions wrote it): a sentence, or ""."""
+        return ""
+
     def __repr__(self) -> str:
         end = "" if self.end_mode is None else f", end={self.end_mode!r}"
         return f"{type(self).__name__}({getattr(self.build, '__name__', self.build)!r}{end})"
@@ -621,10 +626,11 @@ class Router(ZNode[Any]):
 
     def _check_fingerprint(self, state: Mapping[str, Any]) -> None:
         if state.get("fingerprint") != self.fingerprint:
+            hint = self.lane_set.explain_fingerprint(str(state.get("fingerprint")))
             raise StateError(
                 f"the recipe changed since the checkpoint was written (fingerprint {state.get('fingerprint')!r} "
-                f"vs {self.fingerprint!r}): resuming would feed different data. Restore the original recipe, "
-                "or start a new run."
+                f"vs {self.fingerprint!r}): resuming would feed different data. "
+                + (hint or "Restore the original recipe, or start a new run.")
             )
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:

@@ -16,6 +16,7 @@ from .prepare import Prepared, TokenEstimate, estimate_tokens, prepare
 from .recipe import Recipe
 from .runtime import RankBatches
 from .spec import (
+    DATA_VERSION,
     LIMITS,
     DatasetSpec,
     MixingSpec,
@@ -30,6 +31,7 @@ from .spec import (
 )
 
 __all__ = [
+    "DATA_VERSION",
     "LANE_MIGRATIONS",
     "LIMITS",
     "DatasetSpec",

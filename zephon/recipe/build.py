@@ -22,7 +22,7 @@ rows (no row is lost) and an ended lane delivers a micro-batch of padding rows.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -42,8 +42,8 @@ from zephon.nodes import (
 )
 
 from .migrations import LANE_MIGRATIONS
-from .prepare import Prepared, cached_lane_steps
-from .spec import RecipeSpec
+from .prepare import Prepared, cached_lane_steps, fingerprint_of
+from .spec import DATA_VERSION, RecipeError, RecipeSpec
 
 __all__ = ["RecipeLanes", "build_lane", "max_doc_tokens", "pad_item", "prefetch_depth"]
 
@@ -158,7 +158,12 @@ class RecipeLanes(LaneSet):
 
     lane_migrations = LANE_MIGRATIONS
 
-    def __init__(self, prepared: Prepared, workers: WorkerConfig | None = None) -> None:
+    def __init__(
+        self,
+        prepared: Prepared,
+        workers: WorkerConfig | None = None,
+        respec: Callable[[int], RecipeSpec] | None = None,
+    ) -> None:
         end = prepared.spec.end
         super().__init__(
             functools.partial(build_lane, prepared, workers=workers),
@@ -166,6 +171,8 @@ class RecipeLanes(LaneSet):
             pad=functools.partial(pad_item, prepared) if end == "pad" else None,
         )
         self.prepared, self.workers = prepared, workers
+        #: the recipe's spec under another data version (for :meth:`explain_fingerprint`)
+        self.respec = respec
 
     def count_steps(
         self, *, lanes: int, seed: int, workers: WorkerConfig | None = None, pools: PoolSet | None = None
@@ -186,8 +193,29 @@ class RecipeLanes(LaneSet):
     def adopt(self, shared: Mapping[str, Any]) -> LaneSet:
         """These lanes, or lanes planned with the checkpoint's token estimates (and its counts)."""
         p = self.prepared.adopt({k: v for k, v in shared.items() if k not in LaneSet.shared_keys})
-        lanes = self if p is self.prepared else RecipeLanes(p, self.workers)
+        lanes = self if p is self.prepared else RecipeLanes(p, self.workers, self.respec)
         return lanes.adopt_end(shared)
+
+    def explain_fingerprint(self, fingerprint: str) -> str:
+        """The ``data_version`` that resumes a checkpoint written by an older zephon (or under
+        another version), found by fingerprinting the recipe under each version; "" if none."""
+        p = self.prepared
+        if self.respec is None:
+            return ""
+        for v in range(DATA_VERSION, 0, -1):
+            if v == p.spec.data_version:
+                continue
+            try:
+                spec = self.respec(v)
+            except RecipeError:
+                continue
+            if fingerprint_of(spec, p.indexes, p.tokenizer) == fingerprint:
+                return (
+                    f"It was written under data version {v} (this recipe makes version {p.spec.data_version}'s "
+                    f"batches): set data_version = {v} at the top of the recipe to resume its own stream, or "
+                    "start a new run."
+                )
+        return ""
 
     def __repr__(self) -> str:
         return f"RecipeLanes(fingerprint={self.prepared.fingerprint}, workers={self.workers})"

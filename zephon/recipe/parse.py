@@ -33,7 +33,9 @@ from zephon.engine import WorkerConfig
 from zephon.nodes import VisionConfig, WeightSchedule
 
 from .spec import (
+    DATA_VERSION,
     LIMITS,
+    VERSIONED,
     VISION_TOKENS,
     DatasetSpec,
     Key,
@@ -51,6 +53,7 @@ from .spec import (
     WorkersTable,
     keys,
     meta,
+    versioned_default,
 )
 
 __all__ = ["parse_recipe", "read_table"]
@@ -188,6 +191,7 @@ def read_table(
     hint: str | None = None,
     missing: str | Callable[[str], str] | None = None,
     only: Sequence[str] | None = None,
+    version: int | None = None,
 ) -> dict[str, Any]:
     """The keys a section gives, checked against the fields of ``cls`` (see
     :func:`zephon.recipe.spec.key`): unknown keys (with a did-you-mean), missing required keys,
@@ -195,7 +199,9 @@ def read_table(
     in the defaults. ``where`` names the section in messages, ``section`` prefixes a key
     (default ``where + "."``); ``hint`` and ``missing`` (a message, or one made from the key)
     word the not-a-table and missing-key errors;
-    ``only`` reads just those keys.
+    ``only`` reads just those keys. With ``version`` (the recipe's data version), the keys whose
+    default depends on it (:data:`~zephon.recipe.spec.VERSIONED`) and that are not given come
+    back with that version's default.
 
     >>> read_table(PackSpec, {"max_open": 4}, "[pack]")
     {'max_open': 4}
@@ -218,7 +224,12 @@ def read_table(
         and (only is None or f.name in only)
         and not (table[f.name] is None and f.default is None)  # None (from Python, not TOML): not given
     ]
-    return {name: _value(cls, name, table[name], prefix) for name in names}
+    out = {name: _value(cls, name, table[name], prefix) for name in names}
+    if version is not None:
+        for section, name in VERSIONED:
+            if section == cls.__name__ and name not in out and (only is None or name in only):
+                out[name] = versioned_default(cls, name, version)
+    return out
 
 
 # -- the recipe --------------------------------------------------------------------------------
@@ -228,31 +239,36 @@ def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
     r = _table("the recipe", raw)
     base_dir = os.path.abspath(base_dir)
     top = read_table(RecipeSpec, r, "the recipe's top level", section="", missing=_missing_top_key)
+    v = top.get("data_version", DATA_VERSION)
+    top = read_table(RecipeSpec, r, "the recipe's top level", section="", missing=_missing_top_key, version=v)
     seq_len = top["seq_len"]
     _rule_batch(top["lanes"], seq_len, top["global_batch_size"])
-    datasets = _datasets(r["datasets"], base_dir)
+    datasets = _datasets(r["datasets"], base_dir, v)
     vision_table = read_table(
-        VisionTable, r.get("vision", {}), "[vision]", hint=" (patch_size = 16, merge_size = 2, ...)"
+        VisionTable, r.get("vision", {}), "[vision]", hint=" (patch_size = 16, merge_size = 2, ...)", version=v
     )
     vision = _vision(vision_table)
     workers = _workers(r, vision_table)
-    shuffle = ShuffleSpec(**read_table(ShuffleSpec, r.get("shuffle", {}), "[shuffle]"))
+    shuffle = ShuffleSpec(**read_table(ShuffleSpec, r.get("shuffle", {}), "[shuffle]", version=v))
     _rule_shuffle_window(shuffle, seq_len)
     return RecipeSpec(
         seed=top["seed"],
         lanes=top["lanes"],
         seq_len=seq_len,
         global_batch_size=top["global_batch_size"],
-        tokenizer=_tokenizer(r["tokenizer"], base_dir),
+        tokenizer=_tokenizer(r["tokenizer"], base_dir, v),
         datasets=datasets,
         schedule=_schedule(r.get("schedule", []), datasets),
-        pack=PackSpec(**read_table(PackSpec, r.get("pack", {}), "[pack]")),
+        pack=PackSpec(**read_table(PackSpec, r.get("pack", {}), "[pack]", version=v)),
         shuffle=shuffle,
-        mixing=MixingSpec(**_rule_split_tokens(read_table(MixingSpec, r.get("mixing", {}), "[mixing]"), seq_len)),
+        mixing=MixingSpec(
+            **_rule_split_tokens(read_table(MixingSpec, r.get("mixing", {}), "[mixing]", version=v), seq_len)
+        ),
         workers=workers,
         vision=vision,
         cache_dir=_path(base_dir, top["cache_dir"]) if "cache_dir" in top else None,
         end=_rule_end(top.get("end"), datasets),
+        data_version=v,
     )
 
 
@@ -261,8 +277,8 @@ def _missing_top_key(name: str) -> str:
     return f"recipe: missing required key {name!r}{extra}"
 
 
-def _tokenizer(tok: Any, base_dir: str) -> TokenizerSpec:
-    given = read_table(TokenizerSpec, tok, "[tokenizer]", hint=' with path = "..."')
+def _tokenizer(tok: Any, base_dir: str, version: int) -> TokenizerSpec:
+    given = read_table(TokenizerSpec, tok, "[tokenizer]", hint=' with path = "..."', version=version)
     path = _path(base_dir, given["path"])
     if "://" not in path and not os.path.exists(path):
         raise RecipeError(
@@ -271,20 +287,20 @@ def _tokenizer(tok: Any, base_dir: str) -> TokenizerSpec:
     return TokenizerSpec(**(given | {"path": path}))
 
 
-def _datasets(dss: Any, base_dir: str) -> tuple[DatasetSpec, ...]:
+def _datasets(dss: Any, base_dir: str, version: int) -> tuple[DatasetSpec, ...]:
     if not isinstance(dss, list) or not dss:
         raise RecipeError("recipe: [[datasets]] must list at least one dataset")
-    specs = tuple(_dataset(i, d, base_dir) for i, d in enumerate(dss))
+    specs = tuple(_dataset(i, d, base_dir, version) for i, d in enumerate(dss))
     _rule_datasets(specs)
     return specs
 
 
-def _dataset(i: int, d: Any, base_dir: str) -> DatasetSpec:
+def _dataset(i: int, d: Any, base_dir: str, version: int) -> DatasetSpec:
     # unknown and missing keys, and a bad name, are named by position; the other keys by name
     name = read_table(DatasetSpec, d, f"[[datasets]] #{i + 1}", hint="", only=("name",))["name"]
     where = f"[[datasets]] {name!r}"
     _rule_dataset_keys(d, DatasetSpec(name, "", **read_table(DatasetSpec, d, where, only=_GATES)), where)
-    given = _rule_dataset(read_table(DatasetSpec, d, where), where)
+    given = _rule_dataset(read_table(DatasetSpec, d, where, version=version), where)
     path = given["path"]
     given["path"] = _path(base_dir, path) if isinstance(path, str) else [_path(base_dir, p) for p in path]
     return DatasetSpec(**given)

@@ -51,6 +51,7 @@ __all__ = [
     "TokenEstimate",
     "cached_lane_steps",
     "estimate_tokens",
+    "fingerprint_of",
     "index_kwargs",
     "lane_steps_key",
     "prepare",
@@ -419,11 +420,6 @@ def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
     for s in spec.datasets:
         if estimates[s.name].sampled == 0 and estimates[s.name].bad:
             raise _all_bad_error(s.name, estimates[s.name], s.on_error)
-    h = hashlib.sha256()
-    h.update(json.dumps(spec.data_definition(), sort_keys=True, default=str).encode())
-    for ix in indexes:
-        h.update(ix.fingerprint.encode())
-    h.update(tok.fingerprint.encode())
     on_error = [s.on_error for s in spec.datasets]
     if spec.multimodal:
         kinds = [s.kind for s in spec.datasets]
@@ -441,9 +437,20 @@ def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
         estimates=estimates,
         plan=work_plan(spec, indexes, estimates),
         fetch=fetch,
-        fingerprint=h.hexdigest()[:32],
+        fingerprint=fingerprint_of(spec, indexes, tok),
         special=special,
     )
+
+
+def fingerprint_of(spec: RecipeSpec, indexes: Sequence[ShardIndex], tok: TextTokenizer) -> str:
+    """The recipe fingerprint every checkpoint carries: its data definition, its files (through
+    the indexes' fingerprints) and its tokenizer."""
+    h = hashlib.sha256()
+    h.update(json.dumps(spec.data_definition(), sort_keys=True, default=str).encode())
+    for ix in indexes:
+        h.update(ix.fingerprint.encode())
+    h.update(tok.fingerprint.encode())
+    return h.hexdigest()[:32]
 
 
 def lane_steps_key(p: Prepared) -> str:

@@ -198,7 +198,11 @@ class Recipe:
     # -- pipelines --------------------------------------------------------------------------
     def lane_set(self, workers: WorkerConfig | None = None) -> RecipeLanes:
         """The lanes of this recipe for a router (``workers`` overrides every stage's)."""
-        return RecipeLanes(self.prepare(), workers)
+        return RecipeLanes(self.prepare(), workers, self._respec)
+
+    def _respec(self, data_version: int) -> RecipeSpec:
+        """This recipe's spec under another data version (its own keys kept)."""
+        return parse_recipe(self.raw | {"data_version": data_version}, self.base_dir)
 
     def build_lane(self, ctx: LaneContext) -> BaseNode:
         """The pipeline of one lane (a torchdata node yielding micro-batches)."""

@@ -40,9 +40,11 @@ from zephon.nodes import ALGORITHMS, ON_ERROR, POLICIES, VisionConfig, WeightSch
 
 __all__ = [
     "DATASET_KEYS",
+    "DATA_VERSION",
     "LIMITS",
     "MIX_BY",
     "TOP_KEYS",
+    "VERSIONED",
     "VISION_KEYS",
     "VISION_TOKENS",
     "DatasetSpec",
@@ -63,9 +65,38 @@ __all__ = [
     "keys",
     "max_workers",
     "meta",
+    "versioned_default",
 ]
 
 MIX_BY = ("tokens", "samples")
+
+#: The newest data-definition version: a recipe's batches are those of its ``data_version``
+#: (default: this one). A zephon change that alters the batches of an existing recipe bumps it
+#: and keeps the old behaviour for the old version, so a checkpoint written before the change
+#: resumes its own stream with ``data_version = N`` at the top of the recipe (the refusal of a
+#: checkpoint from another version says which N). Version 1: every recipe before the versions.
+DATA_VERSION = 1
+
+#: Settings whose default depends on the data version: ``(section class name, key) -> {first
+#: version: value}``, e.g. ``("PackSpec", "labels"): {2: "document"}``. The field's own default is
+#: version 1's value, and the field is declared ``new=True``: it enters the data definition only
+#: off that value, so version-1 fingerprints stay. A recipe that gives the key keeps its value
+#: under every version (the parser fills in the versioned default only for keys not given).
+VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {}
+
+
+def versioned_default(cls: type, name: str, version: int) -> Any:
+    """The default of key ``name`` of section ``cls`` under data version ``version``.
+
+    >>> versioned_default(PackSpec, "flush_every", 1)
+    512
+    """
+    out = _default(cls, name)
+    for first, value in sorted(VERSIONED.get((cls.__name__, name), {}).items()):
+        if version >= first:
+            out = value
+    return out
+
 
 #: The largest value each recipe key may take. A larger one is a typo or hostile: it would hang or
 #: exhaust memory before the first batch (10**9 lanes, a 10**9-token row, a shuffle window of
@@ -411,6 +442,12 @@ class RecipeSpec:
     #: how a finite recipe ends (every dataset ``policy = "stop"``): "pad" or "drop"; None for a
     #: recipe that never ends (it has a "repeat" dataset)
     end: str | None = key(None, choices=END_MODES, derived='"pad" for a finite recipe', doc="how a finite recipe ends")
+    data_version: int = key(
+        DATA_VERSION,
+        lo=1,
+        hi=lambda: DATA_VERSION,
+        doc="the version of zephon's data definition whose batches this recipe makes (default: the newest)",
+    )
 
     @property
     def finite(self) -> bool:
@@ -456,6 +493,8 @@ class RecipeSpec:
             out["vision"] = config | {"tokens": dict(self.vision.tokens)}
         if self.end is not None:  # finite recipes only: the fingerprints of the others stay
             out["end"] = self.end
+        if self.data_version != 1:  # version 1's fingerprints are those of every recipe before versions
+            out["data_version"] = self.data_version
         return out
 
 
