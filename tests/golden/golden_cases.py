@@ -90,11 +90,12 @@ def settle(root: str) -> None:
             os.utime(os.path.join(dirpath, name), (FIXED_MTIME, FIXED_MTIME))
 
 
-def build_case(name: str, root: str) -> Recipe:
-    """The case's corpus under root (mtimes settled) and its recipe."""
+def build_case(name: str, root: str, data_version: int | None = 1) -> Recipe:
+    """The case's corpus under root (mtimes settled) and its recipe, pinned to the data version
+    the goldens were recorded under (``None``: the recipe as written, i.e. the newest version)."""
     recipe = CASES[name][0](root)
     settle(root)
-    return recipe
+    return recipe if data_version is None else recipe.replace(data_version=data_version)
 
 
 def corpus_digest(root: str) -> str:

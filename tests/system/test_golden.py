@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "golden"))
 
 import golden_cases as gc
 
-from zephon.engine import WorkerConfig
+from zephon.engine import StateError, WorkerConfig
+from zephon.recipe import DATA_VERSION
 
 with open(gc.GOLDEN) as _f:
     GOLDEN = json.load(_f)
@@ -70,3 +71,15 @@ def test_checkpoints_of_the_starting_commit_resume_exactly(recipes, name, world)
     _, steps, at, _ = gc.CASES[name]
     rest = gc.hashes(recipes[name], steps - at, world, WorkerConfig(0), state=gc.load_checkpoint(name))
     assert rest == GOLDEN[name]["hashes"][at:]
+
+
+@pytest.mark.parametrize("name", sorted(gc.CASES))
+def test_the_newest_data_version_resumes_or_names_the_setting(recipes, name):
+    """Unpinned, a recipe makes the newest version's batches: the same as the goldens while the
+    version is 1; after a declared change, the old checkpoint is refused naming what resumes it."""
+    newest = recipes[name].replace(data_version=DATA_VERSION)
+    if DATA_VERSION == 1:
+        assert newest.fingerprint == GOLDEN[name]["fingerprint"]
+        return
+    with newest.global_loader(1, workers=WorkerConfig(0)) as g, pytest.raises(StateError, match="data_version = 1"):
+        g.load_state_dict(gc.load_checkpoint(name))
