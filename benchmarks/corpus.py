@@ -1,6 +1,6 @@
 """Deterministic benchmark corpora: JSONL text (text half) and image-text tar shards (vision half).
 
-JSONL shards of synthetic web-style prose from :func:`zephon.synth.generate_documents`
+JSONL shards of synthetic web-style prose from :func:`zephon.tools.synth.generate_documents`
 (log-normal lengths, median ~150 words, ~2% long documents of 2,000-8,000 words). Shard ``k`` of
 a size is ``generate_documents("web", docs_per_shard, seed=1000 + k)``, so a size's bytes are the
 same on every machine and run. Files are written once under ``benchmarks/.data/text_<size>/``
@@ -162,7 +162,7 @@ def draw_image(seed: int, i: int, min_side: int, max_side: int) -> dict[str, obj
 
 
 def captions(n: int, seed: int):
-    """``n`` captions of 8-37 words: the start of synthetic web documents (``zephon.synth``)."""
+    """``n`` captions of 8-37 words: the start of synthetic web documents (``zephon.tools.synth``)."""
     generate_documents = synth().generate_documents
 
     out = []

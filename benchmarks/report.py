@@ -171,7 +171,7 @@ def write_report(data: dict[str, Any], stem: str) -> str:
     L.append("- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
     s = data["settings"]
     L.append(
-        f"- Corpus: {c['docs']} synthetic web documents (`zephon.synth`, style `web`), {c['bytes'] / 1e6:.1f} MB "
+        f"- Corpus: {c['docs']} synthetic web documents (`zephon.tools.synth`, style `web`), {c['bytes'] / 1e6:.1f} MB "
         f"of JSONL in {data['shards']} shards; tokenizer: bundled 4096-vocab byte-level BPE"
     )
     L.append(

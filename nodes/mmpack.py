@@ -23,7 +23,7 @@ A micro-batch (numpy)::
 
 ``provenance`` has the text packer's format: ``tok_start:tok_end`` is the sample's token range
 within its whole token sequence (BOS, text, vision blocks, EOS), so the cited record, re-read
-and laid out again, gives back the row's tokens; :func:`zephon.display.provenance` resolves it
+and laid out again, gives back the row's tokens; :func:`zephon.tools.display.provenance` resolves it
 to files, tar members / Parquet rows, byte ranges and image indices. It holds plain Python ints
 (JSON-able) and is data like any other field (hashed by :func:`zephon.batch_sha256`).
 

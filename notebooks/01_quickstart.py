@@ -35,8 +35,8 @@ import numpy as np
 
 import zephon
 from zephon import Recipe, WorkerConfig, batch_sha256
-from zephon.demo import write_demo_recipe
-from zephon.display import explain, provenance, show
+from zephon.tools.demo import write_demo_recipe
+from zephon.tools.display import explain, provenance, show
 
 root = tempfile.mkdtemp(prefix="zephon-quickstart-")
 path = write_demo_recipe(root, scale=0.3)  # generates the data (idempotent) and writes demo.toml

@@ -29,7 +29,7 @@
 # accumulator's output depends only on its input *stream* (and a seed). Then the worker count
 # is a pure performance knob, and a checkpoint can be a few hundred bytes.
 #
-# This notebook writes one of each, proves they resume exactly with `zephon.testing.check_node`,
+# This notebook writes one of each, proves they resume exactly with `zephon.engine.testing.check_node`,
 # shows what check_node says about a *broken* node, and plugs the new node into a multi-lane
 # loader whose global batches do not depend on the world size.
 
@@ -43,7 +43,7 @@ import numpy as np
 import zephon
 from zephon import Accumulator, GlobalLoader, LaneContext, OrderedMapper, WorkerConfig, batch_sha256
 from zephon.nodes import Batch
-from zephon.testing import RangeSource, check_node
+from zephon.engine.testing import RangeSource, check_node
 
 # %% [markdown]
 # ## 1. A stateless map
@@ -85,7 +85,7 @@ m2.close()
 # %% [markdown]
 # ### Proving it: `check_node`
 #
-# Doing that by hand for one step proves little. `zephon.testing.check_node(make)` runs a node
+# Doing that by hand for one step proves little. `zephon.engine.testing.check_node(make)` runs a node
 # built by `make()` to the end, then for **every** step *k* builds a fresh node, restores the
 # state taken after *k* outputs (after a JSON round trip) and checks that everything that follows
 # is byte-identical. It also checks the state's keys never change shape, and that `close()` leaves

@@ -38,8 +38,9 @@ import numpy as np
 
 # %matplotlib inline
 
-from zephon import Recipe, WorkerConfig, plots
-from zephon.demo import TOKENIZER_DIR, write_demo_recipe
+from zephon import Recipe, WorkerConfig
+from zephon.tools import plots
+from zephon.tools.demo import TOKENIZER_DIR, write_demo_recipe
 
 root = tempfile.mkdtemp(prefix="zephon-mixtures-")
 demo_toml = write_demo_recipe(root, scale=0.3)  # the demo corpus: web/*.jsonl, code/*.parquet, books/*.txt

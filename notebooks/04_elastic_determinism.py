@@ -40,7 +40,7 @@ import numpy as np
 
 import zephon
 from zephon import Recipe, WorkerConfig, batch_sha256
-from zephon.demo import write_demo_recipe
+from zephon.tools.demo import write_demo_recipe
 
 root = tempfile.mkdtemp(prefix="zephon-elastic-")
 demo = write_demo_recipe(root, scale=0.3)

@@ -44,10 +44,10 @@ from tokenizers import AddedToken, Tokenizer
 
 import zephon
 from zephon import Recipe, WorkerConfig, batch_sha256
-from zephon.demo import TOKENIZER_DIR
-from zephon.display import explain, show, unpatchify
+from zephon.tools.demo import TOKENIZER_DIR
+from zephon.tools.display import explain, show, unpatchify
 from zephon.nodes.vision import patchify
-from zephon.synth import generate_image_text, make_demo_corpus, make_vision_corpus, write_wds
+from zephon.tools.synth import generate_image_text, make_demo_corpus, make_vision_corpus, write_wds
 
 root = tempfile.mkdtemp(prefix="zephon-vl-")
 t0 = time.time()
@@ -289,13 +289,13 @@ print(f"\n{len(runs)} runs in {time.time() - t0:.1f} s; all identical:", len({tu
 #
 # TorchTitan 0.3.0's vision-language models (Qwen3.5) take what its `MultiModalCollator` yields:
 # `pixel_values` padded per image to `[images, max_patches, patch_dim]`, `grid_thw`, the
-# special-token ids and MRoPE positions. `zephon.titan.ZephonDataLoader` yields exactly that on
+# special-token ids and MRoPE positions. `zephon.integrations.torchtitan.ZephonDataLoader` yields exactly that on
 # each DP rank (`--dataloader.recipe vl.toml`); `titan_mm_batch` converts rows of any zephon
 # batch.
 
 # %%
 try:
-    from zephon.titan import ZephonDataLoader, titan_mm_batch
+    from zephon.integrations.torchtitan import ZephonDataLoader, titan_mm_batch
 except ImportError as e:  # torchtitan is optional
     print("TorchTitan is not installed:", e)
 else:

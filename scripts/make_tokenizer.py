@@ -10,7 +10,7 @@ Writes ``tokenizer.json`` and ``tokenizer_config.json`` (``bos_token``, ``eos_to
 ``<|pad|>``. The tokenizer itself adds no special tokens (no post-processor); the loader adds
 BOS/EOS per its own policy.
 
-The training text is deterministic (``zephon.synth``); BPE training in ``tokenizers`` is
+The training text is deterministic (``zephon.tools.synth``); BPE training in ``tokenizers`` is
 deterministic for a given input and version, so rerunning reproduces the same files with the
 same ``tokenizers`` version.
 """
@@ -29,7 +29,7 @@ DEFAULT_OUT = os.path.join(
 
 
 def _training_texts():
-    from zephon.synth import generate_documents
+    from zephon.tools.synth import generate_documents
 
     # a seed that the tests and the demo corpus (seeds 0..) are unlikely to use
     for style, n in (("web", 4000), ("code", 4000), ("books", 600)):

@@ -15,13 +15,13 @@ This package is the public face of five layers, each one sub-package, importing 
 ``zephon.integrations``  TorchTitan
 ==================  =====================================================================
 
-``zephon.titan``, ``zephon.testing``, ``zephon.demo``, ``zephon.display``, ``zephon.plots`` and
-``zephon.synth`` are the short public paths of modules in those layers.
+Every module has one public path, its place in the layers: ``zephon.tools.demo``,
+``zephon.engine.testing``, ``zephon.integrations.torchtitan``, ... (no short aliases).
 
 Quickstart (the README has more; the engine's own example, with no operators at all, is in
 :mod:`zephon.engine`):
 
-    >>> from zephon.demo import demo_recipe
+    >>> from zephon.tools.demo import demo_recipe
     >>> import tempfile
     >>> recipe = demo_recipe(tempfile.mkdtemp(), scale=0.01).replace(shuffle={"buffer": 1})
     >>> with recipe.global_loader(world_size=1) as g1, recipe.global_loader(world_size=4) as g4:

@@ -113,7 +113,7 @@ def test_parquet_writer_writes_page_checksums(tmp_path):
     p = tmp_path / "z.parquet"
     pq.write_table(
         pa.table({"text": docs}), p, compression="none", use_dictionary=False, write_page_checksum=True
-    )  # what zephon.synth.write_parquet does
+    )  # what zephon.tools.synth.write_parquet does
     raw = bytearray(p.read_bytes())
     raw[bytes(raw).find(b"doc 7 ") + 4] ^= 0x01
     p.write_bytes(bytes(raw))

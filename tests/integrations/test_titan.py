@@ -1,4 +1,4 @@
-"""TorchTitan integration: zephon.titan.ZephonDataLoader.
+"""TorchTitan integration: zephon.integrations.torchtitan.ZephonDataLoader.
 
 Fast tests run in-process. ``@pytest.mark.slow`` tests launch real ``torchrun`` processes (gloo
 on CPU): TorchTitan's CheckpointManager saving at W=4 and resuming at W=2, 8 and 1, and
@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 import zephon  # noqa: E402
 from zephon import Recipe, StateError, batch_sha256  # noqa: E402
 
-zt = pytest.importorskip("zephon.titan")
+zt = pytest.importorskip("zephon.integrations.torchtitan")
 
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 LANES, SEQ, GBS = 8, 64, 16  # small recipe: 2 rows per lane per step
@@ -108,7 +108,7 @@ def _dcp_merge(states):
 # -- fast tests ------------------------------------------------------------------------------
 def test_import_zephon_does_not_import_torchtitan():
     code = (
-        "import sys, zephon, zephon.recipe, zephon.demo, zephon.engine.checkpoint, zephon.tools.cli, zephon.display; "
+        "import sys, zephon, zephon.recipe, zephon.tools.demo, zephon.engine.checkpoint, zephon.tools.cli, zephon.tools.display; "
         "assert 'torchtitan' not in sys.modules, sorted(m for m in sys.modules if 'titan' in m)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

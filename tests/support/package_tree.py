@@ -3,7 +3,6 @@ so that tests over "every module" never depend on a hand-written list."""
 
 from __future__ import annotations
 
-import importlib
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -27,15 +26,5 @@ def module_files() -> dict[str, pathlib.Path]:
 
 
 def modules() -> list[str]:
-    """Every module name of the package, sorted, short public aliases (``zephon.titan``: a module
-    that installs another one under its name) left out."""
-    return sorted(m for m in module_files() if importlib.import_module(m).__name__ == m)
-
-
-def aliases() -> dict[str, str]:
-    """Short public path -> the module it is (``zephon.titan`` -> ``zephon.integrations.torchtitan``)."""
-    out = {}
-    for m in module_files():
-        if "sys.modules[__name__]" in module_files()[m].read_text():
-            out[m] = importlib.import_module(m).__name__
-    return out
+    """Every module name of the package, sorted."""
+    return sorted(module_files())

@@ -41,7 +41,7 @@ def test_explain_shows_plan_graph_and_ranks(recipe):
 
 
 def test_plots(recipe):
-    from zephon import plots
+    from zephon.tools import plots
 
     shares = plots.token_shares(recipe, 30)
     assert shares.shape == (30, 3) and abs(shares[-1].sum() - 1) < 1e-9

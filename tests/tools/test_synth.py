@@ -1,4 +1,4 @@
-"""Tests for zephon.synth: determinism, document statistics, writers, the demo corpus."""
+"""Tests for zephon.tools.synth: determinism, document statistics, writers, the demo corpus."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from zephon import synth
 from zephon.data import BUNDLED_TOKENIZER
+from zephon.tools import synth
 from zephon.tools.synth import (
     generate_documents,
     make_demo_corpus,
@@ -50,7 +50,7 @@ def test_pinned_and_repeatable(style, n):
 def test_same_in_a_fresh_interpreter():
     """No hidden dependence on process state (hash seed, caches, import order)."""
     code = (
-        "import hashlib; from zephon.synth import generate_documents as g; "
+        "import hashlib; from zephon.tools.synth import generate_documents as g; "
         "print(hashlib.sha256('\\x00'.join(g('web', 50, 0)).encode()).hexdigest())"
     )
     env = dict(os.environ, PYTHONHASHSEED="12345")

@@ -3,11 +3,49 @@
 Nothing here plans or shuffles: the WorkSource (an operator) decides which records to read;
 this layer answers "how many records, how big is each, give me records i, j, k of shard s" and
 "what are the token ids of these texts". The layer's names are those of :mod:`.datasets` and
-:mod:`.tokenizer` (each package states its own list once).
+:mod:`.tokenizer` (``tests/system/test_house.py`` checks the list is sorted and complete).
 """
 
-from . import datasets
-from .datasets import *  # noqa: F403  # the names in datasets.__all__
+from .datasets import (
+    DEFAULT_MAX_RECORD_BYTES,
+    FORMATS,
+    KINDS,
+    MM_FORMATS,
+    TEXT_MODES,
+    BadRecord,
+    DataError,
+    DatasetIndex,
+    ImageTextShardIndex,
+    MMRecord,
+    MultimodalIndex,
+    ShardIndex,
+    ShardMeta,
+    default_cache_dir,
+    image_header_size,
+    index_dataset,
+    index_multimodal,
+)
 from .tokenizer import BUNDLED_TOKENIZER, TextTokenizer, set_tokenizers_parallelism
 
-__all__ = [*datasets.__all__, "BUNDLED_TOKENIZER", "TextTokenizer", "set_tokenizers_parallelism"]
+__all__ = [
+    "BUNDLED_TOKENIZER",
+    "DEFAULT_MAX_RECORD_BYTES",
+    "FORMATS",
+    "KINDS",
+    "MM_FORMATS",
+    "TEXT_MODES",
+    "BadRecord",
+    "DataError",
+    "DatasetIndex",
+    "ImageTextShardIndex",
+    "MMRecord",
+    "MultimodalIndex",
+    "ShardIndex",
+    "ShardMeta",
+    "TextTokenizer",
+    "default_cache_dir",
+    "image_header_size",
+    "index_dataset",
+    "index_multimodal",
+    "set_tokenizers_parallelism",
+]

@@ -1,6 +1,6 @@
 """TorchTitan integration: a ``BaseDataLoader`` whose global batches survive a change of DP degree.
 
-Import this module explicitly (``import zephon.titan``); ``import zephon`` never imports
+Import this module explicitly (``import zephon.integrations.torchtitan``); ``import zephon`` never imports
 TorchTitan. Requires ``torchtitan==0.3.0`` (``pip install "zephon[titan]"``).
 
 Use it with any TorchTitan model config
@@ -10,7 +10,7 @@ own config and swaps in zephon with :func:`with_zephon`::
 
     # my_configs.py
     from torchtitan.models.llama3.config_registry import llama3_8b
-    from zephon.titan import with_zephon
+    from zephon.integrations.torchtitan import with_zephon
 
     def llama3_8b_zephon():
         return with_zephon(llama3_8b(), "/data/recipes/pretrain.toml", local_batch_size=2)
@@ -302,14 +302,14 @@ class ZephonDataLoader(BaseDataLoader):
         self.dp_world_size, self.dp_rank = int(dp_world_size), int(dp_rank)
         if seq_len is not None and seq_len != r.seq_len:
             raise ValueError(
-                f"zephon.titan: training.seq_len = {seq_len} but the recipe has seq_len = {r.seq_len}. Set "
+                f"zephon.integrations.torchtitan: training.seq_len = {seq_len} but the recipe has seq_len = {r.seq_len}. Set "
                 f"--training.seq_len {r.seq_len}, or change the recipe (seq_len = {seq_len} in the TOML, or "
                 f"--dataloader.recipe_seq_len {seq_len}; either is a new data definition)."
             )
         if not config.infinite and not r.spec.finite:
             repeating = [d.name for d in r.datasets if d.policy != "stop"]
             raise ValueError(
-                f"zephon.titan: the loader was asked for a finite pass (infinite = False: TorchTitan's "
+                f"zephon.integrations.torchtitan: the loader was asked for a finite pass (infinite = False: TorchTitan's "
                 f"validator.steps = -1) but the recipe {config.recipe!r} never ends: dataset {repeating[0]!r} has "
                 'policy = "repeat". Set policy = "stop" on every dataset (and [shuffle] buffer = 1 for a fixed '
                 "validation set), or set --validator.steps N."
@@ -345,7 +345,9 @@ class ZephonDataLoader(BaseDataLoader):
             f"(--training.global_batch_size {G}).",
         }
         if W < 1 or not 0 <= self.dp_rank < W:
-            raise ValueError(f"zephon.titan: dp_rank must be in [0, dp_world_size), got {self.dp_rank} of {W}")
+            raise ValueError(
+                f"zephon.integrations.torchtitan: dp_rank must be in [0, dp_world_size), got {self.dp_rank} of {W}"
+            )
         cfg = self.config
         folder = cfg.ledger_dir or (os.path.join(cfg.dump_folder, LEDGER_DIR) if cfg.dump_folder else "")
         try:
@@ -359,7 +361,7 @@ class ZephonDataLoader(BaseDataLoader):
                 hints=hints,
             )
         except ValueError as e:
-            raise ValueError(f"zephon.titan: {e}") from None
+            raise ValueError(f"zephon.integrations.torchtitan: {e}") from None
         #: this rank's batch ledger (None: not written), see :mod:`zephon.tools.ledger`
         self.ledger = self._open_ledger(folder, batches.lanes) if cfg.ledger and folder else None
         return batches
@@ -386,10 +388,10 @@ class ZephonDataLoader(BaseDataLoader):
         theirs = theirs if theirs > 0 else cfg.trainer_local_batch_size * W  # TorchTitan's rule for -1
         if theirs != G:
             raise ValueError(
-                f"zephon.titan: TorchTitan's optimizer step is {theirs} rows (training.global_batch_size, "
+                f"zephon.integrations.torchtitan: TorchTitan's optimizer step is {theirs} rows (training.global_batch_size, "
                 f"{cfg.trainer_local_batch_size} rows per DP rank and microbatch step x {W} DP ranks x gradient "
                 f"accumulation) but the recipe's global batch is {G} rows. Set --training.global_batch_size {G} (or use "
-                "zephon.titan.with_zephon, which does), so that one trainer step is one recipe step; otherwise "
+                "zephon.integrations.torchtitan.with_zephon, which does), so that one trainer step is one recipe step; otherwise "
                 "checkpoints fall in the middle of a recipe step and cannot resume on another DP degree."
             )
 
@@ -403,13 +405,13 @@ class ZephonDataLoader(BaseDataLoader):
             theirs_id = getattr(tokenizer, f"{name}_id", None)
             if theirs_id is not None and int(theirs_id) != ours_id:
                 raise ValueError(
-                    f"zephon.titan: the trainer's tokenizer has {name}_id = {theirs_id}, the recipe's placeholder "
+                    f"zephon.integrations.torchtitan: the trainer's tokenizer has {name}_id = {theirs_id}, the recipe's placeholder "
                     f"[vision].{name}_token has id {ours_id}; use the same tokenizer (hf_assets_path) and tokens"
                 )
         theirs = int(get())
         if theirs != ours.vocab_size or getattr(tokenizer, "eos_id", ours.eos_id) != ours.eos_id:
             raise ValueError(
-                f"zephon.titan: the trainer's tokenizer (hf_assets_path) has {theirs} tokens and eos_id "
+                f"zephon.integrations.torchtitan: the trainer's tokenizer (hf_assets_path) has {theirs} tokens and eos_id "
                 f"{getattr(tokenizer, 'eos_id', None)}, the recipe's tokenizer at {r.spec.tokenizer.path!r} has "
                 f"{ours.vocab_size} tokens and eos_id {ours.eos_id}. Set --hf_assets_path to the recipe's tokenizer "
                 "folder (or the same vocabulary), or --dataloader.check_tokenizer false if you know they agree."
@@ -493,7 +495,7 @@ class ZephonDataLoader(BaseDataLoader):
         try:
             return encode_state(self.batches.state_dict())
         except StateError as e:
-            raise StateError(f"zephon.titan: {e}") from None
+            raise StateError(f"zephon.integrations.torchtitan: {e}") from None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore this rank's lanes from a (DCP-merged) lane-keyed state; empty = keep fresh."""
@@ -502,7 +504,7 @@ class ZephonDataLoader(BaseDataLoader):
         foreign = [k for k in state_dict if k != SHARED_KEY and not is_lane_key(k)]
         if foreign or SHARED_KEY not in state_dict:
             raise StateError(
-                f"zephon.titan: the checkpoint's dataloader state has keys {sorted(state_dict)[:4]}..., not zephon's "
+                f"zephon.integrations.torchtitan: the checkpoint's dataloader state has keys {sorted(state_dict)[:4]}..., not zephon's "
                 f"({SHARED_KEY!r} and lane_NNNNN): it was written by another dataloader. Resume with the loader that "
                 "wrote it, or load the model only (--checkpoint.exclude_from_loading dataloader)."
             )
@@ -511,7 +513,9 @@ class ZephonDataLoader(BaseDataLoader):
         try:
             self.batches.load_state_dict(decode_state(entries))
         except StateError as e:
-            raise StateError(f"zephon.titan: cannot restore the dataloader from this checkpoint: {e}") from None
+            raise StateError(
+                f"zephon.integrations.torchtitan: cannot restore the dataloader from this checkpoint: {e}"
+            ) from None
 
     def close(self) -> None:
         """Stop this rank's workers and close its ledger file (idempotent)."""
@@ -617,18 +621,18 @@ def with_zephon(
         if not vr.spec.finite:
             repeating = next(d.name for d in vr.datasets if d.policy != "stop")
             raise ValueError(
-                f"zephon.titan: the validation recipe {validation!r} never ends (dataset {repeating!r} has "
+                f"zephon.integrations.torchtitan: the validation recipe {validation!r} never ends (dataset {repeating!r} has "
                 'policy = "repeat"); a validation set is finite: set policy = "stop" on every dataset'
             )
         if vr.seq_len != r.seq_len:
             raise ValueError(
-                f"zephon.titan: the validation recipe has seq_len = {vr.seq_len}, the training recipe "
+                f"zephon.integrations.torchtitan: the validation recipe has seq_len = {vr.seq_len}, the training recipe "
                 f"{r.seq_len}; TorchTitan validates with training.seq_len: make them equal"
             )
         lbs = trainer_config.training.local_batch_size
         if vr.global_batch_size % lbs:
             raise ValueError(
-                f"zephon.titan: the validator asks for training.local_batch_size = {lbs} rows per next(), which "
+                f"zephon.integrations.torchtitan: the validator asks for training.local_batch_size = {lbs} rows per next(), which "
                 f"does not divide the validation recipe's global_batch_size = {vr.global_batch_size}; use a "
                 "multiple of it"
             )

@@ -1,6 +1,6 @@
 """The batch ledger: what a run consumed, one line per step, and how two runs compare.
 
-A training loader (``zephon.titan.ZephonDataLoader``) writes, in the run's dump folder, one
+A training loader (``zephon.integrations.torchtitan.ZephonDataLoader``) writes, in the run's dump folder, one
 JSON-lines file per rank (``zephon_ledger/rank_00003.jsonl``). Each rank hashes only its own
 lanes: a step's line holds the :func:`zephon.batch_sha256` of each of the rank's lane
 micro-batches (every field, provenance included) and its tokens per dataset, so nothing

@@ -119,6 +119,7 @@ class _Stream:
 
 
 def _style_key(style: str) -> int:
+    # "zephon.synth/...": the seed string every corpus was made with (the module's old path); never change it
     return int.from_bytes(hashlib.sha256(f"zephon.synth/{style}".encode()).digest()[:4], "little")
 
 
