@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .durable import write_atomic
 from .node import StateError
 
 __all__ = [
@@ -396,7 +397,8 @@ def migrate(
 
 
 def save_state(path: str | os.PathLike, state: Mapping[str, Any]) -> None:
-    """Write a (merged) state as one JSON file, atomically.
+    """Write a (merged) state as one JSON file, atomically and durably (fsynced file and folder,
+    a temporary name of its own: see :func:`zephon.engine.durable.write_atomic`).
 
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "state.json")
@@ -404,10 +406,7 @@ def save_state(path: str | os.PathLike, state: Mapping[str, Any]) -> None:
     >>> load_state(path, verify=False)["lane_00000"]
     {'cursor': 1}
     """
-    tmp = f"{os.fspath(path)}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(state, f, sort_keys=True, indent=1, allow_nan=False)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(state, sort_keys=True, indent=1, allow_nan=False).encode("utf-8"))
 
 
 def load_state(path: str | os.PathLike, *, lanes: int | None = None, verify: bool = True) -> dict[str, Any]:
