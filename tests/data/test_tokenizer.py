@@ -304,3 +304,61 @@ def test_set_tokenizers_parallelism(monkeypatch, tt, docs):
     assert _same(tt.encode_batch(docs), ref)  # ids never depend on it
     set_tokenizers_parallelism(True)
     assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+
+
+# -- hostile or mistaken tokenizer files ---------------------------------------------------------
+def _word_level(folder, special: bool) -> str:
+    """A tokenizer whose EOS '</s>' is an ordinary vocabulary word (special=False) or an added
+    special token (special=True)."""
+    import json as _json
+
+    from tokenizers import Tokenizer as _Tok
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    vocab = {"[UNK]": 0, "hello": 1} if special else {"[UNK]": 0, "hello": 1, "<s>": 2, "</s>": 3}
+    tok = _Tok(WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    if special:  # only added tokens: plain text never reaches their ids
+        tok.add_special_tokens(["<s>", "</s>"])
+    os.makedirs(folder, exist_ok=True)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        _json.dump({"bos_token": "<s>", "eos_token": "</s>"}, f)
+    return str(folder)
+
+
+def test_an_eos_that_plain_text_can_forge_is_warned_about_naming_the_token(tmp_path):
+    with pytest.warns(UserWarning) as seen:
+        TextTokenizer(_word_level(tmp_path / "ordinary", special=False))
+    assert any("plain text '</s>' to its EOS id 3" in str(w.message) for w in seen)
+    import warnings as _w
+
+    with _w.catch_warnings():
+        _w.simplefilter("error")
+        TextTokenizer(_word_level(tmp_path / "special", special=True))
+
+
+def test_a_huge_sparse_tokenizer_file_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    with open(path, "wb") as f:
+        f.truncate(2 << 30)  # 2 GiB, sparse: costs no disk
+    with pytest.raises(ValueError, match="more than any tokenizer file"):
+        TextTokenizer(str(path), add_bos=False, add_eos=False)
+
+
+def test_a_fifo_as_tokenizer_is_refused_without_blocking(tmp_path):
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "tokenizer.json"
+    os.mkfifo(fifo)
+    code = (
+        "from zephon.data import TextTokenizer\n"
+        f"try:\n    TextTokenizer({str(fifo)!r})\nexcept ValueError as e:\n    print(e)\n    raise SystemExit(3)\n"
+    )
+    try:
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("opening a FIFO as a tokenizer blocked")
+    assert run.returncode == 3 and "not a regular file" in run.stdout

@@ -25,7 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import threading
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -53,6 +55,26 @@ _EXPECTED = (
     "tokenizer.json (optionally with tokenizer_config.json naming bos_token/eos_token), "
     "or a folder that transformers.AutoTokenizer can load with a fast tokenizer"
 )
+
+
+#: the largest tokenizer.json read (the largest published ones are tens of MB); checked before reading
+MAX_TOKENIZER_BYTES = 512 << 20
+#: the largest tokenizer_config.json read
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def _read_file(path: str, limit: int, what: str) -> bytes:
+    """A small file's bytes, its type and size checked first: a FIFO would block, a 2 GB (or
+    sparse) file would be read whole before the parser refused it."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{what} {path!r} is not a regular file (a FIFO, socket or device); point at the file")
+    if st.st_size > limit:
+        raise ValueError(
+            f"{what} {path!r} is {st.st_size} bytes, more than any {what} ({limit}); is it the right file?"
+        )
+    with open(path, "rb") as f:
+        return f.read(limit + 1)
 
 
 def set_tokenizers_parallelism(enabled: bool) -> None:
@@ -116,6 +138,7 @@ class TextTokenizer:
         self._tok = tok
         self.source = source  # "tokenizer.json" or "AutoTokenizer"
         self._resolve_special(tok, config)
+        self._check_forgeable(tok)
         self.vocab_size = int(tok.get_vocab_size(with_added_tokens=True))
         self.fingerprint = self._fingerprint(tok)
         self._fast = hasattr(tok, "encode_batch_fast")
@@ -137,17 +160,15 @@ class TextTokenizer:
         config: dict = {}
         if os.path.isfile(cfg_path):
             try:
-                with open(cfg_path, encoding="utf-8") as f:
-                    config = json.load(f)
+                config = json.loads(_read_file(cfg_path, MAX_CONFIG_BYTES, "tokenizer config").decode("utf-8"))
             except (OSError, ValueError) as e:
                 raise ValueError(f"cannot read tokenizer config {cfg_path!r}: {e}") from e
             if not isinstance(config, dict):
                 raise ValueError(f"tokenizer config {cfg_path!r} is not a JSON object")
 
-        if os.path.isfile(tj):
+        if os.path.exists(tj) and not os.path.isdir(tj):
+            raw = _read_file(tj, MAX_TOKENIZER_BYTES, "tokenizer file")
             try:
-                with open(tj, "rb") as fb:
-                    raw = fb.read()
                 tok = Tokenizer.from_str(raw.decode("utf-8"))
             except Exception as e:  # tokenizers raises a plain Exception on bad JSON
                 raise ValueError(
@@ -223,6 +244,25 @@ class TextTokenizer:
                     f"(no {kind}_token in tokenizer_config.json and none of {list(cands)} in the "
                     f"vocabulary). Fix: set add_{kind} = false, or name the token "
                     f'({kind}_token=... here, or "{kind}_token" in tokenizer_config.json)'
+                )
+
+    def _check_forgeable(self, tok) -> None:
+        """Warn when plain text encodes to the BOS or EOS id: a tokenizer whose EOS is an ordinary
+        vocabulary word (not an added special token) lets a document forge a document boundary."""
+        for kind, name, tid, used in (
+            ("BOS", self.bos_token, self.bos_id, self.add_bos),
+            ("EOS", self.eos_token, self.eos_id, self.add_eos),
+        ):
+            if not used or name is None or tid is None:
+                continue
+            if tok.encode(name, add_special_tokens=False).ids == [tid]:
+                warnings.warn(
+                    f"zephon: the tokenizer at {self.path!r} encodes the plain text {name!r} to its {kind} id {tid}: "
+                    f"the {kind} token is an ordinary vocabulary word, not a special token, so a document that "
+                    f"contains {name!r} is indistinguishable from a document boundary. Use a tokenizer whose "
+                    f"{kind} is an added special token (tokenizer.json 'added_tokens' with \"special\": true), or "
+                    f"name another with {kind.lower()}_token",
+                    stacklevel=3,
                 )
 
     def fingerprint_with(self, special_tokens_in_text: bool) -> str:

@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import math
 import os
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -59,10 +60,45 @@ from .spec import (
 __all__ = ["parse_recipe", "read_table"]
 
 
+#: the longest string a recipe value may be (a path, a name, a token's text); longer is a mistake
+#: or hostile, and would be copied into every fingerprint and message
+MAX_STRING_CHARS = 4096
+#: keys longer than this get no did-you-mean (difflib is quadratic in the key's length)
+MAX_KEY_CHARS = 100
+
+
+_SHOW = reprlib.Repr()  # keyword arguments need Python 3.12
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxlong = 3, 60, 60, 6, 6, 60
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """A value as a message shows it: a short repr (a 10 MB string or a 100,000-deep table in a
+    recipe must not make a 10 MB error message, or a RecursionError).
+
+    >>> _show("x" * 1000)
+    "'xxxxxxxxxxxxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxxxxxxxxxxxx' (1000 characters)"
+    >>> _show([[[[1]]]])
+    '[[[[...]]]]'
+    """
+    text = _SHOW.repr(value)
+    if isinstance(value, str) and len(value) > 60:
+        text += f" ({len(value)} characters)"
+    return text if len(text) <= 4 * limit else text[: 4 * limit] + "..."
+
+
+def _check_length(section: str, key: str, value: str) -> str:
+    if len(value) > MAX_STRING_CHARS:
+        raise RecipeError(
+            f"recipe: {section}{key} is {len(value)} characters long ({_show(value, 40)}); a recipe string is "
+            f"at most {MAX_STRING_CHARS} characters: check the value"
+        )
+    return value
+
+
 # -- one value ---------------------------------------------------------------------------------
 def _int(section: str, key: str, value: Any, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RecipeError(f"recipe: {section}{key} must be an integer, got {value!r}")
+        raise RecipeError(f"recipe: {section}{key} must be an integer, got {_show(value)}")
     if value < minimum:
         raise RecipeError(f"recipe: {section}{key} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
@@ -75,17 +111,17 @@ def _int(section: str, key: str, value: Any, minimum: int, maximum: int | None =
 
 def _str(section: str, key: str, value: Any, choices: Sequence[str] | None = None) -> str:
     if not isinstance(value, str):
-        raise RecipeError(f"recipe: {section}{key} must be a string, got {value!r}")
+        raise RecipeError(f"recipe: {section}{key} must be a string, got {_show(value)}")
     if choices is not None and value not in choices:
         raise RecipeError(
-            f"recipe: {section}{key} = {value!r} is not valid; use one of {', '.join(map(repr, choices))}"
+            f"recipe: {section}{key} = {_show(value)} is not valid; use one of {', '.join(map(repr, choices))}"
         )
-    return value
+    return _check_length(section, key, value)
 
 
 def _bool(section: str, key: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise RecipeError(f"recipe: {section}{key} must be true or false, got {value!r}")
+        raise RecipeError(f"recipe: {section}{key} must be true or false, got {_show(value)}")
     return value
 
 
@@ -98,28 +134,32 @@ def _num(section: str, key: str, value: Any, positive: bool = False, maximum: fl
         or (positive and value == 0)
     ):
         raise RecipeError(
-            f"recipe: {section}{key} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}"
+            f"recipe: {section}{key} must be a finite number {'> 0' if positive else '>= 0'}, got {_show(value)}"
         )
     if maximum is not None and value > maximum:
-        raise RecipeError(f"recipe: {section}{key} = {value!r} is above its limit of {maximum:g}; use a smaller value")
+        raise RecipeError(
+            f"recipe: {section}{key} = {_show(value)} is above its limit of {maximum:g}; use a smaller value"
+        )
     return float(value)
 
 
 def _rgb(section: str, key: str, value: Any, positive: bool) -> tuple[float, float, float]:
     if not isinstance(value, list) or len(value) != 3:
-        raise RecipeError(f"recipe: {section}{key} must be a list of 3 numbers (R, G, B), got {value!r}")
+        raise RecipeError(f"recipe: {section}{key} must be a list of 3 numbers (R, G, B), got {_show(value)}")
     for x in value:
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or (positive and x <= 0):
             raise RecipeError(
-                f"recipe: {section}{key} must be 3 finite numbers{' > 0' if positive else ''}, got {value!r}"
+                f"recipe: {section}{key} must be 3 finite numbers{' > 0' if positive else ''}, got {_show(value)}"
             )
     return (float(value[0]), float(value[1]), float(value[2]))
 
 
 def _globs(section: str, key: str, value: Any) -> str | list[str]:
     if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(p, str) for p in value)):
+        for p in [value] if isinstance(value, str) else value:
+            _check_length(section, key, p)
         return value
-    raise RecipeError(f"recipe: {section}{key} must be a glob/URL string or a list of them, got {value!r}")
+    raise RecipeError(f"recipe: {section}{key} must be a glob/URL string or a list of them, got {_show(value)}")
 
 
 def _value(cls: Any, name: str, value: Any, section: str) -> Any:
@@ -158,17 +198,17 @@ def _path(base_dir: str, p: str) -> str:
 # -- one section -------------------------------------------------------------------------------
 def _table(where: str, value: Any, hint: str | None = None) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise RecipeError(f"recipe: {where} must be a table" + (f", got {value!r}" if hint is None else hint))
+        raise RecipeError(f"recipe: {where} must be a table" + (f", got {_show(value)}" if hint is None else hint))
     return value
 
 
 def _check_keys(where: str, got: Mapping[str, Any], allowed: Sequence[str]) -> None:
     unknown = [k for k in got if k not in allowed]
     if unknown:
-        k = unknown[0]
-        close = difflib.get_close_matches(k, allowed, n=1)
+        k = str(unknown[0])
+        close = difflib.get_close_matches(k, allowed, n=1) if len(k) <= MAX_KEY_CHARS else []
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise RecipeError(f"recipe: unknown key {k!r} in {where}.{hint} Allowed keys: {', '.join(allowed)}.")
+        raise RecipeError(f"recipe: unknown key {_show(k)} in {where}.{hint} Allowed keys: {', '.join(allowed)}.")
 
 
 def _required(cls: Any) -> list[str]:

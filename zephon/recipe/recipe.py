@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import html
 import os
+import stat
 import sys
 import threading
 from collections.abc import Mapping
@@ -35,7 +36,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["Recipe"]
+__all__ = ["MAX_RECIPE_BYTES", "Recipe"]
+
+#: the largest recipe file read: a recipe describes data and holds none (a 10 MB string in one is a
+#: mistake, and would be copied into every fingerprint and message)
+MAX_RECIPE_BYTES = 1 << 20
 
 
 class Recipe:
@@ -57,7 +62,10 @@ class Recipe:
     """
 
     def __init__(self, config: Mapping[str, Any], base_dir: str = ".") -> None:
-        self.raw = copy.deepcopy(dict(config))
+        try:
+            self.raw = copy.deepcopy(dict(config))
+        except RecursionError:
+            raise RecipeError("recipe: it nests tables or lists too deeply to be a recipe") from None
         self.base_dir = os.path.abspath(base_dir)
         self.spec: RecipeSpec = parse_recipe(self.raw, self.base_dir)
         self._prepared: Prepared | None = None
@@ -69,8 +77,20 @@ class Recipe:
         """Read and validate a TOML recipe; relative paths are relative to its folder."""
         path = os.fspath(path)
         try:
+            st = os.stat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_size > MAX_RECIPE_BYTES:
+                raise RecipeError(
+                    f"recipe file {path!r} is {st.st_size} bytes; a recipe is at most {MAX_RECIPE_BYTES} bytes "
+                    "(it describes data, it holds none): is this the right file?"
+                )
+            if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+                raise RecipeError(
+                    f"recipe path {path!r} is not a regular file (a FIFO, socket or device); name the file"
+                )
             with open(path, "rb") as f:
-                data = tomllib.load(f)
+                data = tomllib.loads(f.read(MAX_RECIPE_BYTES + 1).decode("utf-8"))
+        except RecursionError:
+            raise RecipeError(f"recipe file {path!r} nests tables or arrays too deeply to be a recipe") from None
         except FileNotFoundError:
             raise RecipeError(f"recipe file {path!r} does not exist") from None
         except IsADirectoryError:
