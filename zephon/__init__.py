@@ -48,6 +48,7 @@ from zephon.engine import (
     batch_sha256,
     collate,
     decode_state,
+    divisors,
     encode_state,
     lane_key,
     lane_rng,
@@ -55,7 +56,6 @@ from zephon.engine import (
     merge_states,
     seed_sequence,
     stable_u64,
-    valid_world_sizes,
 )
 from zephon.recipe import Recipe, RecipeError
 
@@ -86,6 +86,7 @@ __all__ = [
     "batch_sha256",
     "collate",
     "decode_state",
+    "divisors",
     "encode_state",
     "lane_key",
     "lane_rng",
@@ -93,5 +94,4 @@ __all__ = [
     "merge_states",
     "seed_sequence",
     "stable_u64",
-    "valid_world_sizes",
 ]

@@ -42,22 +42,10 @@ from .checkpoint import (
     seal_state,
     verify_state,
 )
-from .lanes import (
-    END_MODES,
-    GlobalLoader,
-    LaneContext,
-    LaneEnd,
-    LaneSet,
-    Router,
-    batch_sha256,
-    check_world_size,
-    collate,
-    count_lane_steps,
-    divisors,
-    lanes_of_rank,
-    ledger_digest,
-    valid_world_sizes,
-)
+from .collate import collate
+from .digest import batch_sha256, ledger_digest
+from .end import END_MODES, LaneEnd
+from .lanes import LaneContext, LaneSet, check_world_size, count_lane_steps, divisors, lanes_of_rank
 from .mapper import MAX_CHUNK_SIZE, OrderedMapper, WorkerError, describe_item
 from .node import (
     ANCHOR,
@@ -76,6 +64,7 @@ from .node import (
     upstream_nodes,
 )
 from .permute import IndexPermutation
+from .router import GlobalLoader, Router
 from .seeding import lane_rng, seed_sequence, stable_u64
 from .workers import BACKENDS, PoolSet, ProcessLocal, WorkerConfig, WorkerPool
 
@@ -136,6 +125,5 @@ __all__ = [
     "state_ints",
     "state_node",
     "upstream_nodes",
-    "valid_world_sizes",
     "verify_state",
 ]
