@@ -12,22 +12,12 @@ import numpy as np
 import pytest
 from state_edits import resealed
 
-from zephon.engine import (
-    GlobalLoader,
-    LaneContext,
-    LaneEnd,
-    LaneSet,
-    PipelineError,
-    Router,
-    StateError,
-    batch_sha256,
-    count_lane_steps,
-    decode_state,
-    encode_state,
-    lane_state,
-    ledger_digest,
-    merge_states,
-)
+from zephon.engine import LaneContext, PipelineError, StateError
+from zephon.engine.checkpoint import decode_state, encode_state, lane_state, merge_states
+from zephon.engine.digest import batch_sha256, ledger_digest
+from zephon.engine.end import LaneEnd
+from zephon.engine.lanes import LaneSet, count_lane_steps
+from zephon.engine.router import GlobalLoader, Router
 from zephon.engine.testing import check_node, toy_lane
 
 LANES = 8

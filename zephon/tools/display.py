@@ -55,7 +55,8 @@ from typing import Any
 import numpy as np
 
 from zephon.data import MMRecord, image_header_size
-from zephon.engine import LaneContext, divisors, lanes_of_rank
+from zephon.engine import LaneContext
+from zephon.engine.lanes import divisors, lanes_of_rank
 from zephon.nodes import IGNORE_INDEX, Provenance, VisionConfig, sample_layout
 
 __all__ = [
