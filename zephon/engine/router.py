@@ -45,6 +45,11 @@ class Router(ZNode[Any]):
     ``digests=True``: the router hashes each owned lane's micro-batch (:func:`batch_sha256`)
     before merging them; after ``next()``, :attr:`last_lane_digests` holds them in lane order
     (what a batch ledger records, see :func:`ledger_digest`).
+
+    ``prefetch=N``: the router's steps run up to N local batches ahead on a :class:`Prefetcher`
+    (a wrapper node); ``state_dict()`` is still the state after the last delivered batch. A
+    finite run's state carries ``shared.end`` from step 0, with empty counts until the lanes
+    are counted (on the first ``next()``), so its keys never change.
     """
 
     node_type = "router"
