@@ -52,7 +52,7 @@ with open(path, "w") as f:
             .replace('backend = "thread"\n', 'backend = "thread"\nchunk_size = 8\n'))
 recipe = Recipe.from_toml(path)
 print(recipe)
-print("valid world sizes:", zephon.valid_world_sizes(recipe.lanes))
+print("valid world sizes:", zephon.divisors(recipe.lanes))
 
 # %% [markdown]
 # A small helper to show runs side by side: one row per run, one column per step, the first

@@ -30,33 +30,27 @@ Quickstart (the README has more; the engine's own example, with no operators at 
 """
 
 from zephon.engine import (
-    FORMAT_VERSION,
     Accumulator,
-    GlobalLoader,
     IndexPermutation,
     LaneContext,
     OrderedMapper,
     PipelineError,
-    PoolSet,
     ProcessLocal,
-    Router,
     StateError,
     WorkerConfig,
     WorkerError,
     WorkerPool,
     ZNode,
-    batch_sha256,
-    collate,
-    decode_state,
-    encode_state,
-    lane_key,
     lane_rng,
-    lanes_of_rank,
-    merge_states,
     seed_sequence,
     stable_u64,
-    valid_world_sizes,
 )
+from zephon.engine.checkpoint import FORMAT_VERSION, decode_state, encode_state, lane_key, merge_states
+from zephon.engine.collate import collate
+from zephon.engine.digest import batch_sha256
+from zephon.engine.lanes import divisors, lanes_of_rank
+from zephon.engine.router import GlobalLoader, Router
+from zephon.engine.workers import PoolSet
 from zephon.recipe import Recipe, RecipeError
 
 __version__ = "0.1.0"
@@ -86,6 +80,7 @@ __all__ = [
     "batch_sha256",
     "collate",
     "decode_state",
+    "divisors",
     "encode_state",
     "lane_key",
     "lane_rng",
@@ -93,5 +88,4 @@ __all__ = [
     "merge_states",
     "seed_sequence",
     "stable_u64",
-    "valid_world_sizes",
 ]

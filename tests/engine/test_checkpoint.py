@@ -9,8 +9,18 @@ import pickle
 import pytest
 
 from zephon import StateError, decode_state, encode_state
-from zephon.engine import STATE_KEYS, lane_state, seal_state, verify_state
-from zephon.engine.checkpoint import FORMAT_VERSION, MAX_ENTRY_BYTES, MAX_SHARED_BYTES, load_state, migrate, save_state
+from zephon.engine.checkpoint import (
+    FORMAT_VERSION,
+    MAX_ENTRY_BYTES,
+    MAX_SHARED_BYTES,
+    STATE_KEYS,
+    lane_state,
+    load_state,
+    migrate,
+    save_state,
+    seal_state,
+    verify_state,
+)
 
 
 def good():

@@ -11,9 +11,9 @@ from zephon import (
     WorkerConfig,
     batch_sha256,
     decode_state,
+    divisors,
     encode_state,
     merge_states,
-    valid_world_sizes,
 )
 from zephon.engine.testing import toy_lane
 
@@ -43,8 +43,8 @@ def test_l8_identical_for_every_world_size(world, ref8):
 
 def test_l24_identical_for_every_divisor():
     ref = run(24, 1, 25)[0]
-    assert valid_world_sizes(24) == [1, 2, 3, 4, 6, 8, 12, 24]
-    for w in valid_world_sizes(24)[1:]:
+    assert divisors(24) == [1, 2, 3, 4, 6, 8, 12, 24]
+    for w in divisors(24)[1:]:
         assert run(24, w, 25)[0] == ref, w
 
 

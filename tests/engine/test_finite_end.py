@@ -12,23 +12,13 @@ import numpy as np
 import pytest
 from state_edits import resealed
 
-from zephon.engine import (
-    GlobalLoader,
-    LaneContext,
-    LaneEnd,
-    LaneSet,
-    PipelineError,
-    Router,
-    StateError,
-    batch_sha256,
-    count_lane_steps,
-    decode_state,
-    encode_state,
-    lane_state,
-    ledger_digest,
-    merge_states,
-)
-from zephon.engine.testing import toy_lane
+from zephon.engine import LaneContext, PipelineError, StateError
+from zephon.engine.checkpoint import decode_state, encode_state, lane_state, merge_states
+from zephon.engine.digest import batch_sha256, ledger_digest
+from zephon.engine.end import LaneEnd
+from zephon.engine.lanes import LaneSet, count_lane_steps
+from zephon.engine.router import GlobalLoader, Router
+from zephon.engine.testing import check_node, toy_lane
 
 LANES = 8
 PAD = {"tokens": np.full((2, 8), -7, dtype=np.int64)}  # toy_lane's micro-batch: 2 rows of 8 tokens
@@ -167,7 +157,7 @@ def test_the_counts_travel_in_the_checkpoint_and_are_adopted(counts):
     assert state["shared"]["end"] == {"mode": "drop", "lane_steps": counts}
     with GlobalLoader(NoCounting(uneven, end="drop"), lanes=LANES, world_size=4, seed=3, prefetch=2) as g:
         template = g.state_dict()  # what DCP asks for before loading: must not start counting
-        assert "end" not in template["shared"]
+        assert template["shared"]["end"] == {"mode": "drop", "lane_steps": []}  # the same keys, not counted
         g.load_state_dict(state)
         assert len(run_to_end(g)) == min(counts) - 1
     # another end mode, or an infinite pipeline, refuses the checkpoint by name
@@ -244,3 +234,26 @@ def test_merge_states_at_the_end_agree_across_ranks(counts):
     finally:
         for r in routers:
             r.close()
+
+
+@pytest.mark.parametrize("mode, prefetch", [("drop", 0), ("pad", 2)])
+def test_a_finite_router_keeps_its_state_keys_from_step_0(mode, prefetch):
+    # issue 20: the state gained shared.end after the first next(); now the end is there from
+    # the start with empty counts (no dry run before the first step), and every state resumes
+    def make():
+        return Router(lane_set(mode), lanes=4, world_size=2, rank=1, seed=3, prefetch=prefetch)
+
+    check = check_node(make, every=3)
+    assert check.states[0]["shared"]["end"] == {"mode": mode, "lane_steps": []}
+    assert check.states[-1]["shared"]["end"]["lane_steps"]
+
+
+def test_an_uncounted_end_is_still_checked_on_restore():
+    with Router(lane_set("drop"), lanes=4, seed=3) as r:
+        state = r.state_dict()  # before the first step: not counted
+    for lanes, needle in [
+        (lane_set("pad"), "end = 'drop' but the pipeline has end = 'pad'"),
+        (LaneSet(uneven), "finite run"),
+    ]:
+        with Router(lanes, lanes=4, seed=3) as r, pytest.raises(StateError, match=needle):
+            r.reset(state)

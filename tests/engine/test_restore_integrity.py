@@ -13,7 +13,9 @@ from state_edits import node_of
 from state_edits import resealed as _resealed
 
 from zephon import GlobalLoader, StateError, batch_sha256
-from zephon.engine import MAX_CHUNK_SIZE, LaneContext, lane_key, lane_state
+from zephon.engine import LaneContext
+from zephon.engine.checkpoint import lane_key, lane_state
+from zephon.engine.mapper import MAX_CHUNK_SIZE
 from zephon.engine.testing import RangeSource, toy_lane
 
 LANE = functools.partial(toy_lane, n=None)

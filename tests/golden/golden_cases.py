@@ -25,7 +25,9 @@ from text_fixtures import write_corpus, write_recipe  # noqa: E402
 from toml_writer import to_toml as toml_dumps  # noqa: E402
 from vl_fixtures import vl_config, write_vl_root  # noqa: E402
 
-from zephon.engine import WorkerConfig, batch_sha256, decode_state, encode_state  # noqa: E402
+from zephon.engine import WorkerConfig  # noqa: E402
+from zephon.engine.checkpoint import decode_state, encode_state  # noqa: E402
+from zephon.engine.digest import batch_sha256  # noqa: E402
 from zephon.recipe import Recipe  # noqa: E402
 
 GOLDEN = os.path.join(HERE, "golden.json")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from text_fixtures import write_corpus, write_recipe
 
-from zephon.engine import StateError, batch_sha256
+from zephon.engine import StateError
+from zephon.engine.digest import batch_sha256
 from zephon.recipe import DATA_VERSION, Recipe, RecipeError
 from zephon.recipe import build as build_module
 from zephon.recipe import parse as parse_module

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from zephon.engine import is_lane_key, seal_state
+from zephon.engine.checkpoint import is_lane_key, seal_state
 
 
 def unsealed(state: dict[str, Any]) -> dict[str, Any]:

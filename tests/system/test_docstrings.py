@@ -87,7 +87,7 @@ def test_the_allow_list_is_not_stale(api):
 
 def test_the_check_sees_the_api(api):
     for name in (
-        "zephon.engine.lanes.GlobalLoader",
+        "zephon.engine.router.GlobalLoader",
         "zephon.nodes.mmpack.MMPack",
         "zephon.tools.display.provenance",
         "zephon.nodes.vision.VisionConfig.patch_dim",

@@ -17,7 +17,8 @@ from state_edits import node_of, unsealed
 
 from zephon import Recipe, StateError, WorkerConfig, batch_sha256, decode_state, encode_state
 from zephon.data.datasets import DataError
-from zephon.engine import FORMAT_VERSION, WorkerPool, migrate
+from zephon.engine import WorkerPool
+from zephon.engine.checkpoint import FORMAT_VERSION, migrate
 from zephon.nodes import skip_hint
 from zephon.recipe import LANE_MIGRATIONS
 from zephon.tools.demo import TOKENIZER_DIR

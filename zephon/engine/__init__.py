@@ -6,9 +6,18 @@ The node contract (:class:`ZNode`), the flush-and-replay :class:`Accumulator`, t
 the ``check_node`` test kit (:mod:`zephon.engine.testing`). It imports nothing of the layers
 above it (data access, operators, recipes, tools), not even in examples.
 
+This package lists what an operator author needs (the node contract and its state helpers, the
+accumulator, the ordered mapper and worker pools, a lane's context and random streams, the
+errors). Everything else is public in its own module: :mod:`.lanes` (rank arithmetic, lane
+sets), :mod:`.end`, :mod:`.router` (``Router``, ``GlobalLoader``), :mod:`.prefetch`,
+:mod:`.digest`, :mod:`.collate`, :mod:`.checkpoint`, :mod:`.workers`, :mod:`.mapper`.
+
 A synthetic pipeline of 8 lanes, checkpointed on 4 ranks and resumed on 2:
 
     >>> import functools
+    >>> from zephon.engine import WorkerConfig
+    >>> from zephon.engine.digest import batch_sha256
+    >>> from zephon.engine.router import GlobalLoader
     >>> from zephon.engine.testing import toy_lane
     >>> lane = functools.partial(toy_lane, n=None)
     >>> with GlobalLoader(lane, lanes=8, world_size=1, seed=1234) as g:
@@ -24,45 +33,11 @@ A synthetic pipeline of 8 lanes, checkpointed on 4 ranks and resumed on 2:
 """
 
 from .accumulator import Accumulator
-from .checkpoint import (
-    FORMAT_VERSION,
-    LANE_ENTRY_KEYS,
-    SHARED_KEY,
-    STATE_KEYS,
-    check_version,
-    decode_state,
-    encode_state,
-    is_lane_key,
-    lane_key,
-    lane_state,
-    load_state,
-    merge_states,
-    migrate,
-    save_state,
-    seal_state,
-    verify_state,
-)
-from .lanes import (
-    END_MODES,
-    GlobalLoader,
-    LaneContext,
-    LaneEnd,
-    LaneSet,
-    Router,
-    batch_sha256,
-    check_world_size,
-    collate,
-    count_lane_steps,
-    divisors,
-    lanes_of_rank,
-    ledger_digest,
-    valid_world_sizes,
-)
-from .mapper import MAX_CHUNK_SIZE, OrderedMapper, WorkerError, describe_item
+from .lanes import LaneContext
+from .mapper import OrderedMapper, WorkerError
 from .node import (
     ANCHOR,
     EXTRA,
-    MAX_STATE_INT,
     SINCE,
     UPSTREAM,
     PipelineError,
@@ -77,65 +52,31 @@ from .node import (
 )
 from .permute import IndexPermutation
 from .seeding import lane_rng, seed_sequence, stable_u64
-from .workers import BACKENDS, PoolSet, ProcessLocal, WorkerConfig, WorkerPool
+from .workers import ProcessLocal, WorkerConfig, WorkerPool
 
 __all__ = [
     "ANCHOR",
-    "BACKENDS",
-    "END_MODES",
     "EXTRA",
-    "FORMAT_VERSION",
-    "LANE_ENTRY_KEYS",
-    "MAX_CHUNK_SIZE",
-    "MAX_STATE_INT",
-    "SHARED_KEY",
     "SINCE",
-    "STATE_KEYS",
     "UPSTREAM",
     "Accumulator",
-    "GlobalLoader",
     "IndexPermutation",
     "LaneContext",
-    "LaneEnd",
-    "LaneSet",
     "OrderedMapper",
     "PipelineError",
-    "PoolSet",
     "ProcessLocal",
-    "Router",
     "StateError",
     "WorkerConfig",
     "WorkerError",
     "WorkerPool",
     "ZNode",
-    "batch_sha256",
     "check_state_keys",
-    "check_version",
-    "check_world_size",
     "close_node",
-    "collate",
-    "count_lane_steps",
-    "decode_state",
-    "describe_item",
-    "divisors",
-    "encode_state",
-    "is_lane_key",
-    "lane_key",
     "lane_rng",
-    "lane_state",
-    "lanes_of_rank",
-    "ledger_digest",
-    "load_state",
-    "merge_states",
-    "migrate",
-    "save_state",
-    "seal_state",
     "seed_sequence",
     "stable_u64",
     "state_int",
     "state_ints",
     "state_node",
     "upstream_nodes",
-    "valid_world_sizes",
-    "verify_state",
 ]

@@ -20,7 +20,8 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from .accumulator import Accumulator
-from .lanes import LaneContext, batch_sha256
+from .digest import batch_sha256
+from .lanes import LaneContext
 from .mapper import OrderedMapper
 from .node import ZNode, check_state_keys, json_roundtrip, state_int
 from .seeding import lane_rng

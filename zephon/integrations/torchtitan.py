@@ -97,7 +97,9 @@ import numpy as np
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon.engine import SHARED_KEY, StateError, WorkerConfig, decode_state, divisors, encode_state, is_lane_key
+from zephon.engine import StateError, WorkerConfig
+from zephon.engine.checkpoint import SHARED_KEY, decode_state, encode_state, is_lane_key
+from zephon.engine.lanes import divisors
 from zephon.recipe import RankBatches, Recipe, RecipeError
 from zephon.tools.ledger import LEDGER_DIR, LedgerWriter, dataset_tokens
 

@@ -8,7 +8,7 @@ an image-text lane::
 
     WorkSource(lane) -> OrderedMapper(FetchVision) -> SkipCounter -> MMPack -> WindowShuffle (of micro-batches)
 
-:class:`RecipeLanes` is the :class:`zephon.engine.LaneSet` a router builds its lanes from: it
+:class:`RecipeLanes` is the :class:`zephon.engine.lanes.LaneSet` a router builds its lanes from: it
 carries the :class:`~zephon.recipe.prepare.Prepared` recipe (and with it the token estimates a
 checkpoint saves and a resume adopts) and the recipe's lane-state migrations.
 
@@ -28,7 +28,9 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from zephon.data import set_tokenizers_parallelism
-from zephon.engine import LaneContext, LaneSet, OrderedMapper, PoolSet, WorkerConfig, count_lane_steps
+from zephon.engine import LaneContext, OrderedMapper, WorkerConfig
+from zephon.engine.lanes import LaneSet, count_lane_steps
+from zephon.engine.workers import PoolSet
 from zephon.nodes import (
     Batch,
     LaneWorkSource,

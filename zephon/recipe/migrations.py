@@ -1,8 +1,8 @@
 """How a recipe's lane states moved between checkpoint format versions.
 
-The checkpoint envelope is the engine's (:func:`zephon.engine.migrate`); what is inside a lane's
+The checkpoint envelope is the engine's (:func:`zephon.engine.checkpoint.migrate`); what is inside a lane's
 state is this layer's, because the recipe decides which nodes a lane has. The recipe's lane set
-hands these to the router explicitly (:attr:`zephon.engine.LaneSet.lane_migrations`): loading
+hands these to the router explicitly (:attr:`zephon.engine.lanes.LaneSet.lane_migrations`): loading
 an old checkpoint works whichever module was imported first.
 """
 

@@ -8,7 +8,7 @@ a resume never silently re-derives them, and it refuses a checkpoint whose files
 changed, naming what changed.
 
 A finite recipe also needs, before its first step, how many micro-batches each lane holds (the
-end of the data is a global step boundary, see :class:`zephon.engine.LaneEnd`). That count is a
+end of the data is a global step boundary, see :class:`zephon.engine.end.LaneEnd`). That count is a
 pass over the data; :func:`cached_lane_steps` keeps it on disk next to the dataset indexes,
 keyed by the recipe's fingerprint and token estimates, so it is paid once per data definition.
 """

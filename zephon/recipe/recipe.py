@@ -23,7 +23,9 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from zephon.data import TextTokenizer
-from zephon.engine import GlobalLoader, LaneContext, Router, WorkerConfig, check_world_size
+from zephon.engine import LaneContext, WorkerConfig
+from zephon.engine.lanes import check_world_size
+from zephon.engine.router import GlobalLoader, Router
 from zephon.nodes import VisionConfig, WeightSchedule
 
 from .build import RecipeLanes, build_lane, prefetch_depth

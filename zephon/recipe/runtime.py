@@ -1,7 +1,7 @@
 """One rank's batches of a recipe, step by step: what a training loop and ``zephon hashes`` share.
 
 A recipe step is one global batch (``global_batch_size`` rows). Rank ``r`` of ``W`` owns the lanes
-:func:`zephon.engine.lanes_of_rank` gives it and gets their rows of each step (in lane order); a
+:func:`zephon.engine.lanes.lanes_of_rank` gives it and gets their rows of each step (in lane order); a
 trainer that asks for ``local_batch_size`` rows at a time gets each step in consecutive slices.
 :class:`RankBatches` owns those rules, so that adapters (TorchTitan's loader) and tools
 (``zephon hashes``) do not restate them:
@@ -19,18 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from zephon.engine import (
-    GlobalLoader,
-    LaneEnd,
-    PipelineError,
-    Router,
-    StateError,
-    WorkerConfig,
-    check_world_size,
-    divisors,
-    lanes_of_rank,
-    ledger_digest,
-)
+from zephon.engine import PipelineError, StateError, WorkerConfig
+from zephon.engine.digest import ledger_digest
+from zephon.engine.end import LaneEnd
+from zephon.engine.lanes import check_world_size, divisors, lanes_of_rank
+from zephon.engine.router import GlobalLoader, Router
 
 from .recipe import Recipe
 
@@ -180,7 +173,7 @@ class RankBatches:
         return out
 
     def step_digest(self) -> str:
-        """:func:`zephon.engine.ledger_digest` of the last step's lanes (what a batch ledger records)."""
+        """:func:`zephon.engine.digest.ledger_digest` of the last step's lanes (what a batch ledger records)."""
         return ledger_digest(self.lane_digests())
 
     def _finish(self) -> None:
@@ -193,7 +186,7 @@ class RankBatches:
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Lane-keyed state (see :func:`zephon.engine.encode_state`); refused in the middle of a step."""
+        """Lane-keyed state (see :func:`zephon.engine.checkpoint.encode_state`); refused in the middle of a step."""
         if not self.between_steps:
             raise StateError(
                 self._hinted(

@@ -35,7 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon.data import DEFAULT_MAX_RECORD_BYTES, KINDS, TEXT_MODES
-from zephon.engine import BACKENDS, END_MODES, MAX_CHUNK_SIZE, WorkerConfig
+from zephon.engine import WorkerConfig
+from zephon.engine.end import END_MODES
+from zephon.engine.mapper import MAX_CHUNK_SIZE
+from zephon.engine.workers import BACKENDS
 from zephon.nodes import ALGORITHMS, ON_ERROR, POLICIES, VisionConfig, WeightSchedule
 
 __all__ = [

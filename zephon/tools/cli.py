@@ -19,17 +19,10 @@ from typing import Any
 import numpy as np
 
 from zephon.data import DataError
-from zephon.engine import (
-    PipelineError,
-    StateError,
-    WorkerConfig,
-    batch_sha256,
-    check_world_size,
-    decode_state,
-    encode_state,
-    load_state,
-    save_state,
-)
+from zephon.engine import PipelineError, StateError, WorkerConfig
+from zephon.engine.checkpoint import decode_state, encode_state, load_state, save_state
+from zephon.engine.digest import batch_sha256
+from zephon.engine.lanes import check_world_size
 from zephon.recipe import RankBatches, Recipe, RecipeError, max_workers
 
 from .demo import demo_recipe
@@ -89,7 +82,7 @@ def run_hashes(
     Why: comparing these lines between runs on different world sizes (or after a resume) is the
     end-to-end check of elastic determinism. ``digest="batch"``: :func:`zephon.batch_sha256` of
     the global batch; ``"ledger"``: the digest a run's batch ledger records for the step
-    (:func:`zephon.engine.ledger_digest` of the lanes' digests). A finite recipe that ends
+    (:func:`zephon.engine.digest.ledger_digest` of the lanes' digests). A finite recipe that ends
     before ``steps`` prints every step there is and says on ``err`` (stderr) where it ended.
 
     >>> import io, tempfile

@@ -55,7 +55,8 @@ from typing import Any
 import numpy as np
 
 from zephon.data import MMRecord, image_header_size
-from zephon.engine import LaneContext, lanes_of_rank, valid_world_sizes
+from zephon.engine import LaneContext
+from zephon.engine.lanes import divisors, lanes_of_rank
 from zephon.nodes import IGNORE_INDEX, Provenance, VisionConfig, sample_layout
 
 __all__ = [
@@ -825,7 +826,7 @@ def describe_plan(recipe: Any, world_size: int | None = None, draws: int = 4000)
         )
     lines.append("")
     lines.append(
-        f"lanes: {recipe.lanes} (valid world sizes: {valid_world_sizes(recipe.lanes)}); rows per lane per step: "
+        f"lanes: {recipe.lanes} (valid world sizes: {divisors(recipe.lanes)}); rows per lane per step: "
         f"{recipe.rows_per_lane}; seq_len: {recipe.seq_len}; mixing by {recipe.spec.mixing.by}"
     )
     lines.append(

@@ -5,7 +5,7 @@ JSON-lines file per rank (``zephon_ledger/rank_00003.jsonl``). Each rank hashes 
 lanes: a step's line holds the :func:`zephon.batch_sha256` of each of the rank's lane
 micro-batches (every field, provenance included) and its tokens per dataset, so nothing
 crosses ranks and the files of W ranks together cover all L lanes. The digest of global batch
-``b`` is :func:`zephon.engine.ledger_digest` over the L lane digests in lane order; it does not
+``b`` is :func:`zephon.engine.digest.ledger_digest` over the L lane digests in lane order; it does not
 depend on W, and ``zephon hashes RECIPE --digest ledger`` prints the same digest for the same
 step from the recipe alone, so a CPU can verify what a GPU job consumed. A resumed run appends
 to the same files; a step done twice (a resume from an earlier checkpoint) keeps its latest
@@ -41,7 +41,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from zephon.data import DataError
-from zephon.engine import StateError, ledger_digest
+from zephon.engine import StateError
+from zephon.engine.digest import ledger_digest
 from zephon.recipe import Recipe, RecipeError
 
 __all__ = [
@@ -214,7 +215,7 @@ class Ledger:
         return [lanes[l].digest for l in range(self.lanes)]
 
     def digest(self, batch: int) -> str | None:
-        """:func:`zephon.engine.ledger_digest` of ``batch`` (what ``zephon hashes --digest ledger`` prints)."""
+        """:func:`zephon.engine.digest.ledger_digest` of ``batch`` (what ``zephon hashes --digest ledger`` prints)."""
         d = self.lane_digests(batch)
         return None if d is None else ledger_digest(d)
 

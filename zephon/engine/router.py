@@ -1,0 +1,490 @@
+"""The router: one rank's lanes, merged in lane order into its local batch.
+
+A finite run (every lane ends, see :mod:`.end`) stops every rank before the same global step.
+The router also hashes each lane's micro-batch on request, so a rank can record what it consumed
+without seeing the other ranks' data (:func:`~zephon.engine.digest.ledger_digest`). With
+``prefetch``, its steps run ahead on a :class:`~zephon.engine.prefetch.Prefetcher`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from .checkpoint import FORMAT_VERSION, lane_key, lane_state, merge_states, migrate, seal_state, verify_state
+from .collate import collate
+from .digest import batch_sha256, ledger_digest
+from .end import LaneEnd
+from .lanes import LaneBuilder, LaneContext, LaneSet, check_world_size, lanes_of_rank
+from .node import PipelineError, StateError, ZNode, close_node, upstream_nodes
+from .prefetch import Prefetcher
+from .workers import PoolSet, WorkerConfig
+
+__all__ = ["GlobalLoader", "Router"]
+
+
+class Router(ZNode[Any]):
+    """One rank's view of the run: its lanes, merged in lane order into its local batch.
+
+    ``lanes_from`` builds one lane's pipeline from its :class:`LaneContext` (a function, or a
+    :class:`LaneSet` carrying derived values); it is called lazily for each owned lane. The
+    state is lane-keyed (see :mod:`zephon.engine.checkpoint`), so the states of any W ranks can
+    be merged and loaded by any other W.
+
+    A finite lane set (one with an end, see :class:`LaneSet`) ends on the same global step on
+    every rank and every W: ``next()`` raises StopIteration before touching any lane once the
+    run's last step was delivered, and keeps raising it; ``state_dict()`` works before, at and
+    after the end (a state saved at the end restores ended). A lane that ends without the lane
+    set declaring an end raises :class:`PipelineError` naming it.
+
+    ``digests=True``: the router hashes each owned lane's micro-batch (:func:`batch_sha256`)
+    before merging them; after ``next()``, :attr:`last_lane_digests` holds them in lane order
+    (what a batch ledger records, see :func:`ledger_digest`).
+
+    ``prefetch=N``: the router's steps run up to N local batches ahead on a :class:`Prefetcher`
+    (a wrapper node); ``state_dict()`` is still the state after the last delivered batch. A
+    finite run's state carries ``shared.end`` from step 0, with empty counts until the lanes
+    are counted (on the first ``next()``), so its keys never change.
+    """
+
+    node_type = "router"
+
+    def __init__(
+        self,
+        lanes_from: LaneBuilder | LaneSet,
+        *,
+        lanes: int,
+        world_size: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        fingerprint: str = "",
+        workers: WorkerConfig | None = None,
+        pools: PoolSet | None = None,
+        collate_fn: Callable[[Sequence[Any]], Any] = collate,
+        prefetch: int = 0,
+        digests: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an integer >= 0 (local batches computed ahead), got {prefetch!r}")
+        # prefetch > 0: a Prefetcher computes up to `prefetch` local batches ahead, each with the
+        # state after it, so a training step never waits on a burst of work (e.g. a shuffle window
+        # refill) and state_dict() still describes exactly what was delivered
+        self.prefetch = prefetch
+        self.digests = digests
+        #: SHA-256 of each owned lane's micro-batch of the last delivered step (``digests=True``)
+        self.last_lane_digests: list[str] | None = None
+        if not isinstance(lanes, int) or lanes < 1:
+            raise ValueError(f"lanes must be a positive integer, got {lanes!r}")
+        self.owned = lanes_of_rank(lanes, world_size, rank)
+        self.lane_set = lanes_from if isinstance(lanes_from, LaneSet) else LaneSet(lanes_from)
+        self.lanes, self.world_size, self.rank, self.seed = lanes, world_size, rank, seed
+        self.fingerprint = fingerprint
+        self.workers = workers or WorkerConfig()
+        self._own_pools = pools is None
+        self.pools = pools if pools is not None else PoolSet()
+        self.collate_fn = collate_fn
+        self._lanes: list[BaseNode] | None = None
+        self.step = 0  # local batches delivered
+        self._produced = 0  # local batches computed (ahead of `step` when prefetching)
+        self._cold = False  # the next pull is the first after a reset (see _next_of_lanes)
+        steps = _RankSteps(self)
+        self._source: _RankSteps | Prefetcher[tuple[Any, list[str] | None, int]] = (
+            Prefetcher(steps, prefetch, name=f"zephon-prefetch-rank{rank}") if prefetch else steps
+        )
+
+    def _repr_args(self):
+        yield f"lanes={self.lanes}"
+        yield f"rank={self.rank}/{self.world_size} owns {self.owned.start}..{self.owned.stop - 1}"
+        yield f"workers={self.workers.count} {self.workers.backend}"
+
+    def upstreams(self) -> list[BaseNode]:
+        return list(self._lanes or [])
+
+    @property
+    def end(self) -> LaneEnd | None:
+        """Where the run ends (None: it never ends). For a finite lane set this may count the
+        lanes' micro-batches on first use (with this rank's workers), unless a checkpoint or a
+        cache already gave the counts."""
+        return self.lane_set.lane_end(lanes=self.lanes, seed=self.seed, workers=self.workers, pools=self.pools)
+
+    @property
+    def ended(self) -> bool:
+        """Whether every step of a finite run has been delivered (never starts a count)."""
+        end = self.lane_set.known_end
+        return end is not None and self.step >= end.steps
+
+    @property
+    def lane_nodes(self) -> list[BaseNode]:
+        """The final node of each lane this rank owns, in lane order (for metrics and display)."""
+        if self._lanes is None:
+            self._lanes = [
+                self.lane_set(
+                    LaneContext(
+                        seed=self.seed,
+                        lane=l,
+                        lanes=self.lanes,
+                        workers=self.workers,
+                        pools=self.pools,
+                        lanes_on_rank=len(self.owned),
+                    )
+                )
+                for l in self.owned
+            ]
+        return self._lanes
+
+    def check_run(self, state: Mapping[str, Any]) -> None:
+        """Refuse a state written by another run configuration, naming what changed (pure: it
+        changes nothing). The state's own consistency (digests, lane identities, no unknown
+        entries) is :func:`zephon.engine.verify_state`'s."""
+        fv = state.get("format_version")
+        if fv != FORMAT_VERSION:
+            raise StateError(
+                f"checkpoint format_version is {fv!r}, this zephon reads {FORMAT_VERSION}; "
+                "load it through zephon.decode_state and a pipeline that knows its migrations"
+            )
+        if state.get("lanes") != self.lanes:
+            raise StateError(
+                f"the checkpoint was written with lanes = {state.get('lanes')!r} but the pipeline has lanes = "
+                f"{self.lanes}. The lane count is fixed for the life of a run: set lanes = {state.get('lanes')!r} "
+                "to resume, or start a new run without the checkpoint."
+            )
+        if state.get("seed") != self.seed:
+            raise StateError(
+                f"the checkpoint was written with seed = {state.get('seed')!r} but the pipeline has seed = "
+                f"{self.seed}; set seed = {state.get('seed')!r} to resume, or start a new run."
+            )
+        shared = state.get("shared")
+        if not isinstance(shared, dict):
+            raise StateError(f"checkpoint 'shared' entry must be a JSON object, got {type(shared).__name__}")
+
+    def _check_fingerprint(self, state: Mapping[str, Any]) -> None:
+        if state.get("fingerprint") != self.fingerprint:
+            hint = self.lane_set.explain_fingerprint(str(state.get("fingerprint")))
+            raise StateError(
+                f"the recipe changed since the checkpoint was written (fingerprint {state.get('fingerprint')!r} "
+                f"vs {self.fingerprint!r}): resuming would feed different data. "
+                + (hint or "Restore the original recipe, or start a new run.")
+            )
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        # resets the lanes (_reset_lanes), through the Prefetcher when prefetching: it stops its
+        # thread first and starts it on the first next(), so a reset only followed by a restore
+        # (DCP asks for a template state first) never computes (or counts) ahead
+        self._source.reset(initial_state)
+        self.last_lane_digests = None
+
+    def _reset_lanes(self, initial_state: dict[str, Any] | None) -> None:
+        if initial_state is None:
+            for n in self.lane_nodes:
+                n.reset(None)
+            self.step = self._produced = 0
+            self._prime_lanes()
+            return
+        # everything that can be checked without touching a node is checked first: the format
+        # (older ones migrated and sealed), every entry's digest and identity, the run's settings
+        initial_state = migrate(initial_state, self.lane_set.lane_migrations)
+        verify_state(initial_state)
+        self.check_run(initial_state)
+        # the derived values the checkpoint was made with (data and tokenizer checked, naming
+        # what changed); a lane set built from other values replaces ours before any lane resets
+        lane_set = self.lane_set.adopt(initial_state["shared"])
+        self._check_fingerprint(initial_state)
+        missing = [lane_key(l) for l in self.owned if lane_key(l) not in initial_state]
+        if missing:
+            raise StateError(
+                f"rank {self.rank}/{self.world_size} needs {len(missing)} lane entries that the checkpoint lacks "
+                f"(first: {missing[0]}); merge the states of all ranks that wrote it (zephon.merge_states)"
+            )
+        if lane_set is not self.lane_set:
+            self._close_lanes()
+            self.lane_set = lane_set
+        nodes = self.lane_nodes
+        step = initial_state["step"]
+        known = self.lane_set.known_end
+        if known is not None and known.lanes != self.lanes:
+            raise StateError(f"checkpoint 'shared.end' counts {known.lanes} lanes, the pipeline has {self.lanes}")
+        if known is not None and step > known.steps:
+            raise StateError(
+                f"checkpoint 'step' is {step} but the data ends after {known.steps} steps (end = {known.mode!r}); "
+                "the checkpoint does not belong to this data"
+            )
+        self._restore_lanes(list(zip(self.owned, nodes)), initial_state)
+        self.step = self._produced = step
+
+    def _compute(self) -> tuple[Any, list[str] | None, int]:
+        """The next local batch, its lanes' digests and the step count after it (run ahead by
+        the Prefetcher when prefetching)."""
+        t = self._produced
+        end = self.end
+        if end is not None and t >= end.steps:
+            if t > end.steps:
+                raise StateError(
+                    f"{self!r}: restored at step {t} but the data ends after {end.steps} steps; "
+                    "the checkpoint does not belong to this data"
+                )
+            raise StopIteration  # the same step on every rank: no lane is touched
+        outs = self._next_of_lanes(t, end)
+        digests = [batch_sha256(o) for o in outs] if self.digests else None
+        self._produced += 1
+        return self.collate_fn(outs), digests, self._produced
+
+    def next(self) -> Any:
+        value, self.last_lane_digests, self.step = next(self._source)
+        return value
+
+    # -- many lanes: priming, parallel cold start and restore --------------------------------
+    # Why: a lane submits its first chunk only when it is pulled and a restore replays lane by
+    # lane, so with hundreds of lanes the first batch and a restore were latency-bound (256
+    # lanes: 13-77 s to the first batch, 95 s to restore). Every lane is primed (its first chunks
+    # submitted, nothing waited for) after a reset, and the first pull and a restore's replays
+    # run on a few threads. Each lane is touched by one thread at a time and lanes share no
+    # state but thread-safe pools, so every lane's output is unchanged.
+    def _lane_threads(self) -> int:
+        """Threads for a cold first pull or a restore: 1 with few lanes or no worker pool."""
+        pools = [m.pool for m in self._primables() if getattr(m, "pool", None) is not None]
+        if len(self.owned) < 8 or not pools:
+            return 1
+        return min(len(self.owned), 4 * max(p.config.count for p in pools) + 4)
+
+    def _primables(self) -> list[Any]:
+        """The nodes of this rank's lanes that can be primed (they have a ``prime()``)."""
+        out: list[Any] = []
+        seen: set[int] = set()
+        stack = list(self.lane_nodes)
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if callable(getattr(n, "prime", None)):
+                out.append(n)
+            stack.extend(upstream_nodes(n))
+        return out
+
+    def _prime_lanes(self) -> None:
+        """Submit every lane's first chunks (in lane order) before the first pull."""
+        for n in sorted(self._primables(), key=lambda m: getattr(m, "lane", 0) or 0):
+            n.prime()
+        self._cold = True
+
+    def _next_of_lanes(self, t: int, end: LaneEnd | None) -> list[Any]:
+        """Each lane's output for step ``t``, in lane order; the first pull after a reset on a few threads."""
+        pairs = list(zip(self.owned, self.lane_nodes))
+        pull = functools.partial(self._pull_lane, t, end)
+        if self._cold:
+            self._cold = False
+            return _par_map(pull, pairs, self._lane_threads())
+        return [pull(pair) for pair in pairs]
+
+    def _pull_lane(self, t: int, end: LaneEnd | None, pair: tuple[int, BaseNode]) -> Any:
+        """Lane ``pair[0]``'s micro-batch of step ``t``: its node's next output, or its padding item
+        once it has ended (``end = "pad"``); a lane that ends where it was not counted to is an error."""
+        l, n = pair
+        if end is not None and not end.holds(l, t):
+            return self.lane_set.pad_item(l)  # "pad": this lane ended before the longest
+        try:
+            return next(n)
+        except StopIteration:
+            if end is None:
+                raise PipelineError(
+                    f"lane {l} ended after {t} micro-batches, but its lane set declares no end, so the "
+                    "ranks would stop at different steps. Make the pipeline infinite, or give the lane set "
+                    'an end (LaneSet(build, end="drop") or end="pad" with pad=...; in a recipe: every '
+                    'dataset policy = "stop" and end = "drop" | "pad")'
+                ) from None
+            raise PipelineError(
+                f"lane {l} ended after {t} micro-batches, but it was counted to hold {end.lane_steps[l]}; "
+                "the data or the pipeline changed since the count (clear the cached counts)"
+            ) from None
+
+    def _restore_lanes(self, pairs: list[tuple[int, BaseNode]], state: Mapping[str, Any]) -> None:
+        """Reset each lane to its state (a replay of up to one flush interval), on a few threads."""
+        bar = None
+        if len(pairs) >= 8 and sys.stderr.isatty():
+            # a restore replays up to one flush interval per lane: show it when it can take a while
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(pairs), desc=f"rank {self.rank}: restoring lanes (replay)", unit="lane", leave=False)
+
+        def restore(pair: tuple[int, BaseNode]) -> None:
+            try:
+                pair[1].reset(lane_state(state, pair[0]))
+            except StateError as e:
+                raise StateError(f"checkpoint entry {lane_key(pair[0])}: {e}") from None
+            if bar is not None:
+                bar.update(1)
+
+        try:
+            _par_map(restore, pairs, self._lane_threads())
+        finally:
+            if bar is not None:
+                bar.close()
+        self._prime_lanes()
+
+    def lane_metrics(self) -> dict[int, list[dict[str, Any]]]:
+        """Per owned lane, the metrics of every node of its pipeline (see ZNode.metrics)."""
+        return {l: (n.pipeline_metrics() if isinstance(n, ZNode) else []) for l, n in zip(self.owned, self.lane_nodes)}
+
+    def summary_metrics(self) -> dict[str, dict[str, Any]]:
+        """Metrics summed over this rank's lanes, per node class: items, seconds, and each node's
+        numeric counters (skips, rows, pad tokens...); each node type recomputes its own ratios
+        from the sums (:meth:`ZNode.summarize_metrics`)."""
+        out: dict[str, dict[str, Any]] = {}
+        classes: dict[str, type[ZNode]] = {}
+        for lane in self.lane_nodes:
+            stack = [lane]
+            while stack:
+                n = stack.pop()
+                if isinstance(n, ZNode):
+                    classes.setdefault(type(n).__name__, type(n))
+                stack.extend(upstream_nodes(n))
+        for nodes in self.lane_metrics().values():
+            for m in nodes:
+                agg = out.setdefault(m["node"], {"node_type": m.get("node_type")})
+                for k, v in m.items():
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        agg[k] = agg.get(k, 0) + v
+                    elif isinstance(v, dict) and all(isinstance(x, int) for x in v.values()):
+                        d = agg.setdefault(k, {})
+                        for kk, vv in v.items():
+                            d[kk] = d.get(kk, 0) + vv
+        for name, agg in out.items():
+            if agg.get("busy_s"):
+                agg["items_per_s"] = agg["items"] / agg["busy_s"]
+            cls = classes.get(name)
+            if cls is not None:
+                out[name] = cls.summarize_metrics(agg)
+        return out
+
+    def get_state(self) -> dict[str, Any]:
+        # sealed here, not per computed step: a digest per lane costs a canonical JSON dump
+        return seal_state(self._source.get_state())
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The state after the last computed step, lane entries unsealed (their pipelines' states)."""
+        state: dict[str, Any] = self._tagged(
+            {
+                "format_version": FORMAT_VERSION,
+                "lanes": self.lanes,
+                "seed": self.seed,
+                "fingerprint": self.fingerprint,
+                "step": self._produced,
+                "shared": self.lane_set.shared_state(),
+            }
+        )
+        for l, n in zip(self.owned, self.lane_nodes):
+            state[lane_key(l)] = n.state_dict()
+        return state
+
+    def _close_own(self) -> None:
+        if isinstance(self._source, Prefetcher):
+            self._source.close()  # its thread (the steps node it wraps holds nothing to close)
+        if self._own_pools:
+            # lanes first (they cancel pending tasks), then the pools they shared
+            self._close_lanes()
+            self.pools.close()
+
+    def _close_lanes(self) -> None:
+        lanes, self._lanes = self._lanes or [], None
+        for n in lanes:
+            close_node(n)
+
+
+def _par_map(fn: Callable[[Any], Any], items: list[Any], threads: int) -> list[Any]:
+    """``[fn(x) for x in items]`` on up to ``threads`` threads, results in order; the first
+    error (in item order) is raised after every call has finished."""
+    if threads <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with cf.ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="zephon-lanes") as ex:
+        futs = [ex.submit(fn, x) for x in items]
+        cf.wait(futs)
+    return [f.result() for f in futs]
+
+
+class _RankSteps(BaseNode[tuple[Any, "list[str] | None", int]]):
+    """A router's steps as a node, for the :class:`Prefetcher` to run ahead: each item is
+    (local batch, lane digests, step count after it); the state is the router's unsealed
+    snapshot after that step; a reset resets (or restores) the router's lanes."""
+
+    def __init__(self, router: Router) -> None:
+        super().__init__()
+        self.router = router
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self.router._reset_lanes(initial_state)
+
+    def next(self) -> tuple[Any, list[str] | None, int]:
+        return self.router._compute()
+
+    def get_state(self) -> dict[str, Any]:
+        return self.router._snapshot()
+
+
+class GlobalLoader:
+    """W routers in one process: global batches and merged states, for tests and ``zephon hashes``.
+
+    The routers share one lane set, so a finite run's lane counts are computed once; at the end
+    of a finite run the first router raises StopIteration before any router advances, so every
+    rank ends on the same step, exactly as W separate processes do.
+    """
+
+    def __init__(self, lanes_from: LaneBuilder | LaneSet, *, lanes: int, world_size: int, **router_kwargs: Any) -> None:
+        check_world_size(lanes, world_size)
+        lane_set = lanes_from if isinstance(lanes_from, LaneSet) else LaneSet(lanes_from)
+        self.routers = [
+            Router(lane_set, lanes=lanes, world_size=world_size, rank=r, **router_kwargs) for r in range(world_size)
+        ]
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        return collate([next(r) for r in self.routers])
+
+    @property
+    def end(self) -> LaneEnd | None:
+        """Where the run ends (None: never); see :attr:`Router.end`."""
+        return self.routers[0].end
+
+    @property
+    def step(self) -> int:
+        """Global batches delivered."""
+        return self.routers[0].step
+
+    def step_digest(self) -> str:
+        """:func:`ledger_digest` of the last delivered global batch (routers built with
+        ``digests=True``): the digest a batch ledger records for that step."""
+        lanes: list[str] = []
+        for r in self.routers:
+            if r.last_lane_digests is None:
+                raise PipelineError("no lane digests: build the loader with digests=True and call next() first")
+            lanes.extend(r.last_lane_digests)
+        return ledger_digest(lanes)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Lane-keyed JSON state of every rank, merged: load it into a loader of any world size."""
+        return merge_states(r.state_dict() for r in self.routers)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore every rank from a merged (or per-rank) lane-keyed state; replays each lane."""
+        for r in self.routers:
+            r.reset(state)
+
+    def close(self) -> None:
+        """Stop every rank's prefetch thread and worker pools (idempotent)."""
+        for r in self.routers:
+            r.close()
+
+    def __enter__(self) -> GlobalLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
