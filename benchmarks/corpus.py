@@ -38,8 +38,9 @@ def synth():
 
         name = "zephon_synth_standalone"
         if name not in sys.modules:
+            pkg = os.path.join(os.path.dirname(HERE), "zephon", "tools", "synth")
             spec = importlib.util.spec_from_file_location(
-                name, os.path.join(os.path.dirname(HERE), "zephon", "tools", "synth.py")
+                name, os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg]
             )
             assert spec is not None and spec.loader is not None
             mod = importlib.util.module_from_spec(spec)

@@ -89,7 +89,7 @@ def test_the_check_sees_the_api(api):
     for name in (
         "zephon.engine.router.GlobalLoader",
         "zephon.nodes.mmpack.MMPack",
-        "zephon.tools.display.provenance",
+        "zephon.tools.provenance.provenance",
         "zephon.nodes.vision.VisionConfig.patch_dim",
         "zephon.engine.accumulator.Accumulator.emit",
     ):

@@ -21,12 +21,6 @@ MAX_FUNCTION_LINES = 80
 
 #: "path" or "path:function" -> why it may be larger (one idea that does not split well)
 ALLOWED: dict[str, str] = {
-    "zephon/engine/lanes.py": "being split into lanes/router/digest/prefetch (issue 19)",
-    "zephon/tools/display.py": "being split: provenance out of display (issue 19)",
-    "zephon/tools/ledger.py": "being split: the runtime writer apart from reader and diff (issue 19)",
-    "zephon/tools/synth.py": "being split into a package with the words as data (issue 19)",
-    "zephon/tools/display.py:_mm_provenance": "being split with display (issue 19)",
-    "zephon/tools/ledger.py:diff": "being split with the ledger (issue 19)",
     "zephon/integrations/torchtitan.py": "TorchTitan's BaseDataLoader contract: the Config with one docstring per "
     "field (a third of the file), the loader and its state protocol; the demo configs are apart",
 }

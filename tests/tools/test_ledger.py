@@ -17,8 +17,10 @@ import pytest
 from text_fixtures import write_corpus, write_recipe
 
 from zephon import Recipe, decode_state, encode_state
+from zephon.recipe import LedgerWriter, dataset_tokens
 from zephon.tools.cli import run_hashes
-from zephon.tools.ledger import LedgerWriter, dataset_tokens, diff, read_ledger, recipe_differences, run_ledger_show
+from zephon.tools.ledger import read_ledger, run_ledger_show
+from zephon.tools.ledger_diff import diff, recipe_differences
 
 SCHEDULE = """
 [[schedule]]
@@ -153,3 +155,18 @@ def test_errors_and_recipe_differences(recipes, tmp_path):
         "mixing: ['tokens', 256, 260] -> ['tokens', 256, 132]",
         "seq_len: 64 -> 32",
     ]
+
+
+def test_the_ledger_writer_lives_on_the_runtime_side():
+    """The training loader writes the ledger on every step: it imports the writer from the recipe
+    layer, never from the tools (reading and diffing), so the loop does not depend on them."""
+    import ast
+
+    import zephon.integrations.torchtitan as titan
+
+    with open(titan.__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not [m for m in imported if m.startswith("zephon.tools")], imported
+    assert titan.LedgerWriter is LedgerWriter and LedgerWriter.__module__ == "zephon.recipe.ledger"

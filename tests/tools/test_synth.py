@@ -27,7 +27,7 @@ from zephon.tools.synth import (
 BUNDLED = os.path.join(BUNDLED_TOKENIZER, "tokenizer.json")
 
 # Pinned outputs: an accidental change to the generator fails here. If the change is on
-# purpose, bump synth._GEN_VERSION and re-pin.
+# purpose, bump synth.text._GEN_VERSION and re-pin.
 PINNED = {
     ("web", 50): "0a64f9068ca223304623f9f16bdebe81e093d845aac0082c23cc249f2d6d457f",
     ("code", 20): "c8e4009568a47361d6eb7a1aae1fa984e3cfd9125f5c66ad978c2dc15f86256c",
@@ -195,7 +195,7 @@ def test_make_demo_corpus_small_and_idempotent(tmp_path):
     for f in files["code"]:
         assert pq.ParquetFile(f).num_row_groups >= 2
     n_books = sum(len(open(f, encoding="utf-8").read().splitlines()) for f in files["books"])
-    assert n_books == synth._demo_plan(0, 0.05)["books"]["docs"]
+    assert n_books == synth.corpora._demo_plan(0, 0.05)["books"]["docs"]
 
     stamp = {f: os.stat(f).st_mtime_ns for fs in files.values() for f in fs}
     assert make_demo_corpus(str(root), seed=0, scale=0.05) == pats
@@ -215,3 +215,18 @@ def test_make_demo_corpus_full_scale(tmp_path):
     pats = make_demo_corpus(str(tmp_path), seed=0)
     total = sum(os.path.getsize(f) for pat in pats.values() for f in glob.glob(pat))
     assert 5e6 <= total <= 10e6, total
+
+
+def test_head_words_ship_as_package_data():
+    """The word list is data (``head_words.txt``), shipped with the package: a wheel without it
+    would build a different vocabulary, so pyproject must list the subpackage and the file."""
+    from importlib import resources
+
+    import tomllib
+
+    words = resources.files("zephon.tools.synth").joinpath("head_words.txt").read_text(encoding="utf-8").split()
+    assert words[:3] == ["the", "of", "and"] and len(words) == 269
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml"), "rb") as f:
+        setup = tomllib.load(f)["tool"]["setuptools"]
+    assert "zephon.tools.synth" in setup["packages"]
+    assert "*.txt" in setup["package-data"]["zephon.tools.synth"]

@@ -80,7 +80,8 @@ the digest of each of the rank's lane micro-batches and its tokens per dataset (
 only its own lanes; nothing crosses ranks). ``zephon ledger show DUMP_FOLDER`` prints the digest
 of every global batch, ``zephon hashes RECIPE --digest ledger`` prints the same digests from the
 recipe alone (a CPU can check what a GPU job consumed), and ``zephon ledger diff A B`` compares
-two runs, or a run and a recipe (see :mod:`zephon.tools.ledger`). A resumed run appends.
+two runs, or a run and a recipe (the format: :mod:`zephon.recipe.ledger`; reading and diffing:
+:mod:`zephon.tools.ledger`, :mod:`zephon.tools.ledger_diff`). A resumed run appends.
 ``--dataloader.ledger false`` turns it off.
 """
 
@@ -100,8 +101,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 from zephon.engine import StateError, WorkerConfig
 from zephon.engine.checkpoint import SHARED_KEY, decode_state, encode_state, is_lane_key
 from zephon.engine.lanes import divisors
-from zephon.recipe import RankBatches, Recipe, RecipeError
-from zephon.tools.ledger import LEDGER_DIR, LedgerWriter, dataset_tokens
+from zephon.recipe import LEDGER_DIR, LedgerWriter, RankBatches, Recipe, RecipeError, dataset_tokens
 
 __all__ = ["RECIPE_NAMES", "ZephonDataLoader", "titan_mm_batch", "with_zephon"]
 
@@ -364,7 +364,7 @@ class ZephonDataLoader(BaseDataLoader):
             )
         except ValueError as e:
             raise ValueError(f"zephon.integrations.torchtitan: {e}") from None
-        #: this rank's batch ledger (None: not written), see :mod:`zephon.tools.ledger`
+        #: this rank's batch ledger (None: not written), see :mod:`zephon.recipe.ledger`
         self.ledger = self._open_ledger(folder, batches.lanes) if cfg.ledger and folder else None
         return batches
 

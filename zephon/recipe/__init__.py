@@ -6,10 +6,12 @@ rules), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the 
 :mod:`~zephon.recipe.build` (each lane's pipeline of operators),
 :mod:`~zephon.recipe.migrations` (how lane states moved between checkpoint formats), and
 :mod:`~zephon.recipe.recipe` (the :class:`Recipe` that ties them together) and
-:mod:`~zephon.recipe.runtime` (:class:`RankBatches`: one rank's batches, step by step).
+:mod:`~zephon.recipe.runtime` (:class:`RankBatches`: one rank's batches, step by step), and
+:mod:`~zephon.recipe.ledger` (the batch ledger's file format and :class:`LedgerWriter`).
 """
 
 from .build import RecipeLanes, build_lane
+from .ledger import LEDGER_DIR, LEDGER_GLOB, LEDGER_VERSION, LedgerWriter, dataset_tokens, ledger_file
 from .migrations import LANE_MIGRATIONS
 from .parse import parse_recipe
 from .prepare import Prepared, TokenEstimate, estimate_tokens, prepare
@@ -33,8 +35,12 @@ from .spec import (
 __all__ = [
     "DATA_VERSION",
     "LANE_MIGRATIONS",
+    "LEDGER_DIR",
+    "LEDGER_GLOB",
+    "LEDGER_VERSION",
     "LIMITS",
     "DatasetSpec",
+    "LedgerWriter",
     "MixingSpec",
     "PackSpec",
     "Prepared",
@@ -49,7 +55,9 @@ __all__ = [
     "VisionSpec",
     "WorkersSpec",
     "build_lane",
+    "dataset_tokens",
     "estimate_tokens",
+    "ledger_file",
     "max_workers",
     "parse_recipe",
     "prepare",

@@ -27,7 +27,8 @@ from zephon.recipe import RankBatches, Recipe, RecipeError, max_workers
 
 from .demo import demo_recipe
 from .display import describe_plan, format_batch_rows, format_row
-from .ledger import run_ledger_diff, run_ledger_show
+from .ledger import run_ledger_show
+from .ledger_diff import run_ledger_diff
 
 __all__ = ["main", "run_hashes"]
 

@@ -45,19 +45,29 @@ back to the bytes of its image in the tar file:
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import html
-import io
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from zephon.data import MMRecord, image_header_size
 from zephon.engine import LaneContext
 from zephon.engine.lanes import divisors, lanes_of_rank
-from zephon.nodes import IGNORE_INDEX, Provenance, VisionConfig, sample_layout
+from zephon.nodes import IGNORE_INDEX, VisionConfig
+
+from .batch_images import (
+    MM_BATCH_FIELDS,
+    denormalize,
+    image_blocks,
+    image_label,
+    is_multimodal,
+    png_base64,
+    row_images,
+    row_pieces,
+    thumbnail_size,
+    unpatchify,
+)
+from .provenance import provenance, segment_positions
 
 __all__ = [
     "MM_BATCH_FIELDS",
@@ -82,399 +92,6 @@ __all__ = [
 ]
 
 PALETTE = ["#dbeafe", "#dcfce7", "#fef3c7", "#fce7f3", "#ede9fe", "#cffafe", "#fee2e2", "#e5e7eb"]
-
-
-def _segments(row: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Token positions of each segment of a row (in row order), padding excluded."""
-    doc = row["document_ids"]
-    out = []
-    for j in np.unique(doc[doc >= 0]):
-        out.append(np.nonzero(doc == j)[0])
-    return out
-
-
-def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, Any]]:
-    """Where every segment (document, or image-text sample) of ``batch`` row ``row`` came from,
-    so that a surprising sample can be traced back to its source bytes.
-
-    One dict per segment, in row order. Every entry has ``dataset``, ``kind`` (the dataset's:
-    "text", "image_text" or "interleaved"), ``file``, ``locator``, ``shard``, ``record``,
-    ``epoch``, ``tokens`` (the range within the document's / sample's tokens, BOS/EOS
-    included), ``row_positions`` (where those tokens sit among the row's ``seq_len + 1``
-    tokens: the inputs, then the last label, so ``stop`` may be ``seq_len + 1``), ``text`` (the
-    text they cover) and ``images`` (empty for text).
-
-    Text documents also have ``chars`` and ``bytes`` (the range of the record's text those
-    tokens cover; the bytes are UTF-8 offsets into the text field), ``file_bytes`` (the
-    record's byte range in the file, for line formats), ``has_bos`` / ``has_eos``. Re-reading
-    the record, tokenizing it and taking ``tokens`` gives back the segment exactly.
-
-    Image-text samples (multimodal batches) have ``key`` (tar shards) or ``row`` (Parquet),
-    ``texts`` and ``images``: one dict per caption / text entry and per image of the sample, in
-    document order, each with ``segment`` (its place among the record's segments), its source
-    (``member`` and ``file_bytes``, the tar member and its byte range in the tar file; or
-    ``column``, ``row``, ``list_index`` and ``field`` in a Parquet file, see
-    :meth:`zephon.datasets.MultimodalIndex.sources`), ``tokens`` and ``row_positions``. A text
-    entry adds ``chars``, ``bytes`` (UTF-8 range of the caption the row's tokens cover) and
-    ``text``; an image entry adds ``index`` (its index in the batch's ``grid_thw`` and image
-    order), ``grid``, ``num_bytes``, ``sha256`` (of the encoded image bytes) and ``width`` /
-    ``height`` (the source image's, EXIF orientation applied). Re-reading a cited caption and
-    tokenizing it gives back the row's text tokens; re-reading a cited image and preprocessing it
-    (:func:`zephon.nodes.vision.preprocess_image`) gives back the batch's pixels.
-
-    The module docstring has a worked example (an image-caption tar shard); ``tests/tools/
-    test_display.py`` and ``tests/tools/test_display_mm.py`` re-read every cited range of text,
-    WebDataset, Parquet and interleaved sources and get the batch back.
-    """
-    if "provenance" not in batch:
-        raise ValueError(
-            "this batch has no provenance field: it was not made by zephon's packers "
-            "(Pack, MMPack), or the field was dropped"
-        )
-    p = recipe.prepare()
-    prov = batch["provenance"][row]
-    segs = _segments({"document_ids": batch["document_ids"][row]})
-    blocks: list[dict[str, Any]] = []
-    if is_multimodal(batch) and p.special:
-        first, grids, _ = row_images(batch, row)
-        blocks = image_blocks(batch["input"][row], p.special, grids, first, recipe.vision.patch_size)
-    out = []
-    for j, entry in enumerate(prov):
-        e = Provenance(*(int(v) for v in entry))
-        rowpos = (int(segs[j][0]), int(segs[j][0]) + e.tok_end - e.tok_start) if j < len(segs) else None
-        kind = recipe.datasets[e.dataset].kind
-        if kind == "text":
-            out.append(_text_provenance(recipe, p, e, rowpos))
-        else:
-            out.append(_mm_provenance(recipe, p, kind, e, rowpos, blocks))
-    return out
-
-
-def _covered(tok: Any, text: str, k0: int, k1: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(chars, bytes) of ``text`` covered by its content tokens ``k0:k1`` (no BOS/EOS)."""
-    offsets = tok.content_offsets(text)
-    k0, k1 = max(k0, 0), min(k1, len(offsets))
-    if k1 <= k0:
-        return (0, 0), (0, 0)
-    chars = (offsets[k0][0], offsets[k1 - 1][1])
-    b0 = len(text[: chars[0]].encode("utf-8"))
-    return chars, (b0, b0 + len(text[chars[0] : chars[1]].encode("utf-8")))
-
-
-def _text_provenance(recipe: Any, p: Any, e: Provenance, rowpos: tuple[int, int] | None) -> dict[str, Any]:
-    d, shard, record, epoch, t0, t1 = e
-    tok = p.tokenizer
-    ix = p.indexes[d]
-    text = ix.read(shard, [record])[0]
-    if not isinstance(text, str):
-        raise ValueError(f"record {record} of {ix.shards[shard].path} is no longer readable: {text}")
-    lead = 1 if tok.add_bos else 0
-    n_content = len(tok.encode_content([text])[0])
-    chars, byts = _covered(tok, text, t0 - lead, t1 - lead)
-    loc = ix.locate(shard, record)
-    return {
-        "dataset": recipe.datasets[d].name,
-        "kind": "text",
-        "file": loc["file"],
-        "locator": loc["locator"],
-        "record": record,
-        "shard": shard,
-        "epoch": epoch,
-        "tokens": (t0, t1),
-        "chars": chars,
-        "bytes": byts,
-        "row_positions": rowpos,
-        "text": text[chars[0] : chars[1]],
-        "has_bos": t0 == 0 and tok.add_bos,
-        "has_eos": tok.add_eos and t1 == n_content + lead + 1,
-        # the record's own bytes in the (decompressed) file, for line formats: re-read them,
-        # parse, tokenize (with BOS/EOS) and take tokens[t0:t1] to get this segment back
-        "file_bytes": ((loc["byte_offset"], loc["byte_offset"] + loc["byte_length"]) if "byte_offset" in loc else None),
-        "images": [],
-    }
-
-
-def _mm_provenance(
-    recipe: Any, p: Any, kind: str, e: Provenance, rowpos: tuple[int, int] | None, blocks: Sequence[dict[str, Any]]
-) -> dict[str, Any]:
-    """An image-text sample's provenance: the sample's layout (BOS, text, vision blocks, EOS, as
-    :class:`zephon.nodes.FetchVision` builds it) re-derived from the re-read record."""
-    d, shard, record, epoch, t0, t1 = e
-    tok = p.tokenizer
-    ix = p.indexes[d]
-    rec = ix.read(shard, [record])[0]
-    if not isinstance(rec, MMRecord):
-        raise ValueError(f"record {record} of {ix.shards[shard].path} is no longer readable: {rec}")
-    loc = ix.locate(shard, record)
-    sources = ix.sources(shard, record)
-    if len(sources) != len(rec.segments):
-        raise ValueError(f"record {record} of {ix.shards[shard].path}: its sources do not match its segments")
-    row0 = rowpos[0] if rowpos is not None else None
-    # the sample's image blocks in this row (samples with images are never split across rows)
-    mine = [b for b in blocks if rowpos is not None and rowpos[0] <= b["start"] < rowpos[1]]
-    # the sample laid out again, by FetchVision's own rule: each caption's tokens, each image's
-    # block (its size from the row when the row holds it, else from the image's header)
-    lengths: list[tuple[str, int]] = []
-    row_blocks: list[dict[str, Any] | None] = []
-    for seg in rec.segments:
-        if isinstance(seg, str):
-            lengths.append(("text", len(tok.encode_content([seg])[0])))
-            continue
-        block = mine[len(row_blocks)] if t0 == 0 and len(row_blocks) < len(mine) else None
-        w, h = image_header_size(seg)
-        k = (block["stop"] - block["start"]) if block is not None else recipe.vision.image_tokens(w, h) + 2
-        lengths.append(("image", k))
-        row_blocks.append(block)
-    layout = sample_layout(lengths, bos=tok.add_bos, eos=tok.add_eos)
-    texts: list[dict[str, Any]] = []
-    images: list[dict[str, Any]] = []
-
-    def where(a: int, z: int) -> tuple[int, int] | None:
-        return (row0 + a - t0, row0 + z - t0) if row0 is not None else None
-
-    n_img = 0
-    for span in layout:
-        if span.segment < 0:
-            continue
-        j, pos, stop = span.segment, span.start, span.stop
-        seg, info = rec.segments[j], {k: v for k, v in sources[j].items() if k != "kind"}
-        if span.kind == "text":
-            a, z = max(pos, t0), min(stop, t1)
-            if z > a or (stop == pos and t0 <= pos <= t1):
-                chars, byts = _covered(tok, seg, a - pos, z - pos)
-                texts.append(
-                    {
-                        "segment": j,
-                        **info,
-                        "tokens": (a, max(a, z)),
-                        "row_positions": where(a, max(a, z)),
-                        "chars": chars,
-                        "bytes": byts,
-                        "text": seg[chars[0] : chars[1]],
-                    }
-                )
-            continue
-        block = row_blocks[n_img]
-        n_img += 1
-        if pos < t1 and stop > t0:
-            w, h = image_header_size(seg)
-            images.append(
-                {
-                    "segment": j,
-                    **info,
-                    "tokens": (pos, stop),
-                    "row_positions": where(pos, stop),
-                    "index": None if block is None else block["index"],
-                    "grid": None if block is None else block["grid"],
-                    "num_bytes": len(seg),
-                    "sha256": hashlib.sha256(seg).hexdigest(),
-                    "width": w,
-                    "height": h,
-                }
-            )
-    end = layout[-1].stop if layout else 0
-    out = {"dataset": recipe.datasets[d].name, "kind": kind, "file": loc["file"], "locator": loc["locator"]}
-    out.update({k: loc[k] for k in ("key", "row") if k in loc})
-    out.update(
-        {
-            "record": record,
-            "shard": shard,
-            "epoch": epoch,
-            "tokens": (t0, t1),
-            "row_positions": rowpos,
-            "text": "".join(t["text"] for t in texts),
-            "texts": texts,
-            "images": images,
-            "has_bos": t0 == 0 and tok.add_bos,
-            "has_eos": tok.add_eos and t1 == end,
-            "file_bytes": None,
-        }
-    )
-    return out
-
-
-# -- images: un-patchify, pixels, thumbnails ----------------------------------------------------
-#: batch-level fields of a multimodal batch (not indexed by row)
-MM_BATCH_FIELDS = ("pixel_values", "grid_thw", "images_per_row")
-
-
-def unpatchify(
-    patches: np.ndarray, grid_thw: Sequence[int], patch_size: int, temporal_patch_size: int = 2, merge_size: int = 2
-) -> np.ndarray:
-    """The inverse of :func:`zephon.nodes.vision.patchify`: one image's patches
-    ``(t * gh * gw, C * pt * ps * ps)`` in TorchTitan's block order (``(t, bh, bw, m, n)``, each
-    vector ``(c, pt, ph, pw)``) back to the (normalised) image ``(gh * ps, gw * ps, C)`` float32
-    (the first frame of the temporal patch; zephon repeats a still image to fill it).
-
-    >>> import numpy as np
-    >>> from zephon.nodes.vision import patchify
-    >>> img = np.arange(64 * 32 * 3, dtype=np.float32).reshape(64, 32, 3)
-    >>> patches, grid = patchify(img, 16, 2, 2)
-    >>> np.array_equal(unpatchify(patches, grid, 16, 2, 2), img)
-    True
-    """
-    t, gh, gw = (int(v) for v in grid_thw)
-    ps, ts, m = int(patch_size), int(temporal_patch_size), int(merge_size)
-    if gh % m or gw % m:
-        raise ValueError(f"grid {t}x{gh}x{gw} is not a multiple of merge_size = {m}")
-    patches = np.asarray(patches)
-    n = t * gh * gw
-    if patches.ndim != 2 or patches.shape[0] != n or patches.shape[1] % (ts * ps * ps):
-        raise ValueError(
-            f"patches of shape {patches.shape} do not match grid {t}x{gh}x{gw} with patch_size={ps}, "
-            f"temporal_patch_size={ts} (expected ({n}, C * {ts * ps * ps}))"
-        )
-    c = patches.shape[1] // (ts * ps * ps)
-    bh, bw = gh // m, gw // m
-    x = patches.reshape(t, bh, bw, m, m, c, ts, ps, ps)  # t bh bw m n c pt ph pw
-    x = x.transpose(0, 6, 1, 3, 7, 2, 4, 8, 5)  # t pt bh m ph bw n pw c
-    x = x.reshape(t * ts, gh * ps, gw * ps, c)
-    return np.ascontiguousarray(x[0], dtype=np.float32)
-
-
-def denormalize(img: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
-    """A normalised float image ``(H, W, 3)`` back to uint8 RGB: ``x * std + mean``, times 255,
-    rounded and clipped (exact for images zephon normalised from 8-bit pixels).
-
-    >>> denormalize(np.array([[[-1.0, 0.0, 1.0]]]), [0.5] * 3, [0.5] * 3).tolist()
-    [[[0, 128, 255]]]
-    """
-    x = np.asarray(img, dtype=np.float32) * np.asarray(std, dtype=np.float32) + np.asarray(mean, dtype=np.float32)
-    return np.clip(np.rint(x * np.float32(255.0)), 0, 255).astype(np.uint8)
-
-
-def thumbnail_size(height: int, width: int, max_side: int) -> tuple[int, int]:
-    """(width, height) of an image's thumbnail: scaled down (never up) so its longer side is at
-    most ``max_side``, aspect kept, at least 1 pixel.
-
-    >>> thumbnail_size(480, 640, 96), thumbnail_size(32, 64, 96)
-    ((96, 72), (64, 32))
-    """
-    s = min(1.0, max_side / max(height, width))
-    return max(1, int(round(width * s))), max(1, int(round(height * s)))
-
-
-def png_base64(rgb: np.ndarray, max_side: int = 96) -> tuple[str, tuple[int, int]]:
-    """A uint8 RGB image as a base64 PNG thumbnail (see :func:`thumbnail_size`): (data, (w, h))."""
-    from PIL import Image
-
-    im = Image.fromarray(np.ascontiguousarray(rgb, dtype=np.uint8), "RGB")
-    size = thumbnail_size(im.height, im.width, max_side)
-    if size != im.size:
-        im = im.resize(size, Image.Resampling.LANCZOS)
-    buf = io.BytesIO()
-    im.save(buf, format="PNG", optimize=True)
-    return base64.b64encode(buf.getvalue()).decode("ascii"), size
-
-
-def is_multimodal(batch: dict[str, Any]) -> bool:
-    """Whether ``batch`` is a multimodal batch (has ``grid_thw`` and ``images_per_row``).
-
-    >>> is_multimodal({"input": None}), is_multimodal({"grid_thw": None, "images_per_row": None})
-    (False, True)
-    """
-    return "grid_thw" in batch and "images_per_row" in batch
-
-
-def image_blocks(
-    ids: np.ndarray,
-    special: dict[str, int],
-    grids: np.ndarray | None = None,
-    first: int = 0,
-    patch_size: int | None = None,
-) -> list[dict[str, Any]]:
-    """The images of one row's tokens ``ids``: one dict per run of ``special["image"]`` tokens,
-    in row order, with the run's token range (``run``), the block's range including its
-    ``vision_start`` / ``vision_end`` tokens (``start``, ``stop``), its placeholder count
-    (``tokens``), its index in the batch (``index`` = ``first`` + k, or None when the row has more
-    runs than ``grids``), and, given ``grids`` (the row's rows of ``grid_thw``), its ``grid`` and
-    pixel size ``height`` x ``width`` (with ``patch_size``).
-
-    >>> special = {"image": 9, "vision_start": 7, "vision_end": 8}
-    >>> (b,) = image_blocks(np.array([1, 7, 9, 9, 8, 2]), special, np.array([[1, 2, 4]]), first=5, patch_size=16)
-    >>> b["start"], b["stop"], b["run"], b["index"], image_label(b)
-    (1, 5, (2, 4), 5, '[image 5: 32x64, 2 tokens]')
-    """
-    ids = np.asarray(ids)
-    img, vs, ve = special["image"], special.get("vision_start"), special.get("vision_end")
-    is_img = ids == img
-    starts = np.flatnonzero(is_img & ~np.r_[False, is_img[:-1]])
-    ends = np.flatnonzero(is_img & ~np.r_[is_img[1:], False]) + 1
-    n_grids = 0 if grids is None else len(grids)
-    out = []
-    for k, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
-        a = s - 1 if s > 0 and vs is not None and ids[s - 1] == vs else s
-        z = e + 1 if e < len(ids) and ve is not None and ids[e] == ve else e
-        b: dict[str, Any] = {
-            "start": a,
-            "stop": z,
-            "run": (s, e),
-            "tokens": e - s,
-            "index": first + k if k < n_grids else None,
-            "grid": None,
-            "height": None,
-            "width": None,
-        }
-        if grids is not None and k < n_grids:
-            t, gh, gw = (int(v) for v in grids[k])
-            b["grid"] = (t, gh, gw)
-            if patch_size:
-                b["height"], b["width"] = gh * patch_size, gw * patch_size
-        out.append(b)
-    return out
-
-
-def image_label(block: dict[str, Any]) -> str:
-    """``[image N: HxW, K tokens]`` for an :func:`image_blocks` entry."""
-    n = "?" if block["index"] is None else block["index"]
-    size = f"{block['height']}x{block['width']}, " if block.get("height") else ""
-    return f"[image {n}: {size}{block['tokens']} tokens]"
-
-
-def row_pieces(
-    decode: Any, ids: np.ndarray, lo: int, hi: int, blocks: Sequence[dict[str, Any]]
-) -> list[tuple[str, Any]]:
-    """Tokens ``ids[lo:hi]`` as ``("text", str)`` and ``("image", block)`` pieces in order: each
-    image block (``<|vision_start|>``, its placeholder run, ``<|vision_end|>``) collapses into one
-    piece; the text between is ``decode``d.
-
-    >>> ids = np.array([1, 7, 9, 9, 8, 2])
-    >>> blocks = image_blocks(ids, {"image": 9, "vision_start": 7, "vision_end": 8})
-    >>> [(kind, v if kind == "text" else "<image>") for kind, v in row_pieces(str, ids, 0, 6, blocks)]
-    [('text', '[1]'), ('image', '<image>'), ('text', '[2]')]
-    """
-    out: list[tuple[str, Any]] = []
-    cur = lo
-    for b in blocks:
-        if b["stop"] <= lo or b["start"] >= hi:
-            continue
-        a, z = max(b["start"], lo), min(b["stop"], hi)
-        if a > cur:
-            out.append(("text", decode(ids[cur:a])))
-        out.append(("image", b))
-        cur = z
-    if cur < hi:
-        out.append(("text", decode(ids[cur:hi])))
-    return out
-
-
-def row_images(batch: dict[str, Any], i: int) -> tuple[int, np.ndarray, np.ndarray]:
-    """Row ``i`` of a multimodal batch: (index of its first image in the batch, its rows of
-    ``grid_thw``, the patch offsets ``[start, stop)`` of each of its images in ``pixel_values``).
-
-    >>> batch = {"images_per_row": np.array([1, 2]), "grid_thw": np.array([[1, 2, 2], [1, 2, 4], [1, 4, 2]])}
-    >>> first, grids, spans = row_images(batch, 1)
-    >>> first, grids.tolist(), spans.tolist()
-    (1, [[1, 2, 4], [1, 4, 2]], [[4, 12], [12, 20]])
-    """
-    per_row = np.asarray(batch["images_per_row"])
-    grids = np.asarray(batch["grid_thw"])
-    first = int(per_row[:i].sum())
-    k = int(per_row[i])
-    sizes = grids.prod(axis=1) if len(grids) else np.zeros(0, np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    rg = grids[first : first + k]
-    return first, rg, np.stack([starts[first : first + k], starts[first + 1 : first + k + 1]], axis=1).astype(np.int64)
 
 
 class BatchView:
@@ -577,7 +194,7 @@ class BatchView:
         r = self.row(i)
         blocks = self._blocks(i)
         out = []
-        for pos in _segments(r):
+        for pos in segment_positions(r):
             ds = int(r["dataset"][pos[0]])
             seg: dict[str, Any] = {
                 "dataset": self.names[ds] if 0 <= ds < len(self.names) else str(ds),
