@@ -8,7 +8,9 @@ consumer waits (backpressure) and nothing more is read.
 
 Checkpoint: the upstream's state at the start of the chunk being delivered plus the number of
 items delivered since. Restore resets upstream there and skips those items *without* mapping
-them, so replay costs at most one chunk of upstream reads.
+them, so replay costs at most one chunk of upstream reads. The restored mapper then maps the rest
+of that chunk as one task, so it reports the state it was given and, after every later item, the
+state an uninterrupted run reports (a resumed run writes the same checkpoints).
 """
 
 from __future__ import annotations
@@ -118,10 +120,15 @@ class _Deferred:
 
 
 class _Task:
-    __slots__ = ("anchor", "future", "items", "start")
+    """One chunk on its way: ``anchor`` is the upstream state at the start of its chunk and
+    ``offset`` the items of that chunk delivered before this task (non-zero only for the first
+    task after a restore, which maps the rest of the chunk it was restored into)."""
 
-    def __init__(self, start: int, anchor: dict[str, Any], items: list[Any], future: Any) -> None:
+    __slots__ = ("anchor", "future", "items", "offset", "start")
+
+    def __init__(self, start: int, anchor: dict[str, Any], items: list[Any], future: Any, offset: int = 0) -> None:
         self.start, self.anchor, self.items, self.future = start, anchor, items, future
+        self.offset = offset
 
 
 class OrderedMapper(ZNode[Any]):
@@ -176,6 +183,8 @@ class OrderedMapper(ZNode[Any]):
         self._exhausted = False
         self._error: WorkerError | None = None
         self._wait = 0.0  # seconds the consumer waited for workers
+        # (anchor, since) restored from a state and not yet turned into a task
+        self._resume: tuple[dict[str, Any], int] | None = None
 
     def _repr_args(self):
         yield self.name
@@ -191,6 +200,7 @@ class OrderedMapper(ZNode[Any]):
         self._current, self._results, self._pos = None, [], 0
         self._exhausted = False
         self._error = None
+        self._resume = None
         if initial_state is None:
             self.source.reset(None)
             self._pulled = 0
@@ -199,7 +209,8 @@ class OrderedMapper(ZNode[Any]):
         # the state points into one chunk: fewer of its items were delivered than any chunk holds
         # (the chunk size may differ from the one the state was written with: it is not data)
         since = state_int(self, SINCE, initial_state[SINCE], 0, MAX_CHUNK_SIZE - 1)
-        self.source.reset(state_node(self, ANCHOR, initial_state[ANCHOR]))
+        anchor = state_node(self, ANCHOR, initial_state[ANCHOR])
+        self.source.reset(anchor)
         self._pulled = 0
         for i in range(since):  # skip what was delivered, without mapping it
             try:
@@ -210,12 +221,15 @@ class OrderedMapper(ZNode[Any]):
                     "the data changed since the checkpoint was written"
                 ) from None
         self._pulled = since
+        self._resume = (anchor, since)
 
     def get_state(self) -> dict[str, Any]:
         if self._current is not None and self._pos < len(self._current.items):
-            anchor, since = self._current.anchor, self._pos
+            anchor, since = self._current.anchor, self._current.offset + self._pos
         elif self._tasks:
-            anchor, since = self._tasks[0].anchor, 0
+            anchor, since = self._tasks[0].anchor, self._tasks[0].offset
+        elif self._resume is not None:  # restored, nothing pulled yet: the state it was given
+            anchor, since = self._resume
         else:
             anchor, since = self.source.state_dict(), 0
         return self._tagged({ANCHOR: anchor, SINCE: since})
@@ -247,10 +261,18 @@ class OrderedMapper(ZNode[Any]):
     # -- internals --------------------------------------------------------------------------
     def _fill(self) -> None:
         while not self._exhausted and len(self._tasks) < self.max_in_flight:
-            anchor = self.source.state_dict()
+            size, offset = self.chunk_size, 0
+            if self._resume is not None:
+                # the rest of the chunk the state points into, under that chunk's anchor (with
+                # another chunk size than the state's, one chunk; `since` stays below the maximum)
+                anchor, offset = self._resume
+                self._resume = None
+                size = self.chunk_size - offset if offset < self.chunk_size else min(size, MAX_CHUNK_SIZE - offset)
+            else:
+                anchor = self.source.state_dict()
             items: list[Any] = []
             try:
-                while len(items) < self.chunk_size:
+                while len(items) < size:
                     items.append(next(self.source))
             except StopIteration:
                 self._exhausted = True
@@ -263,7 +285,7 @@ class OrderedMapper(ZNode[Any]):
                     fut = self.pool.submit(_run_chunk, self.fn, self.is_batch, items)
                 except BrokenProcessPool as e:
                     raise self._died(items[0]) from e
-            self._tasks.append(_Task(self._pulled, anchor, items, fut))
+            self._tasks.append(_Task(self._pulled, anchor, items, fut, offset))
             self._pulled += len(items)
 
     def _died(self, item: Any) -> PipelineError:
