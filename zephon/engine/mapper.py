@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import contextlib
+import pickle
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -28,7 +30,7 @@ from torchdata.nodes import BaseNode
 from .node import ANCHOR, SINCE, PipelineError, StateError, ZNode, check_state_keys, state_int, state_node
 from .workers import WorkerConfig, WorkerPool
 
-__all__ = ["MAX_CHUNK_SIZE", "OrderedMapper", "WorkerError", "describe_item"]
+__all__ = ["MAX_CHUNK_SIZE", "OrderedMapper", "WorkerError", "WorkerTraceback", "describe_item"]
 
 #: the largest chunk a mapper hands one worker task. The chunk size is a performance setting (a
 #: run may resume with another one), so a restored state's ``since`` is bounded by this, not by
@@ -37,9 +39,15 @@ MAX_CHUNK_SIZE = 4096
 
 
 class WorkerError(PipelineError):
-    """A user function failed on a record; the message names the lane and the record.
+    """A worker could not deliver a result: it died (killed, out of memory), hung past
+    ``workers.timeout_s``, or its function raised an exception that cannot travel back from a
+    process worker (the message then names that exception's type and text).
 
-    The worker's traceback is kept in :attr:`worker_traceback` (not in the message: an error
+    An exception a function raises on a record reaches the caller as itself (a ``DataError``
+    as a ``DataError``, a ``KeyError`` as a ``KeyError``), as torchdata's ``ParallelMapper``
+    re-raises it: the worker's traceback is chained as its ``__cause__`` and kept in its
+    ``worker_traceback`` attribute, and a note names the lane and the record. The worker's
+    traceback of a WorkerError is in :attr:`worker_traceback` (not in the message: an error
     about the data reads as a message, not as a crash; ``zephon --debug`` prints it)."""
 
     def __init__(self, message: str, worker_traceback: str = "") -> None:
@@ -50,11 +58,78 @@ class WorkerError(PipelineError):
         return (type(self), (str(self), self.worker_traceback))
 
 
-def _describe_error(e: BaseException) -> str:
-    """How a worker's exception reads in the error message: an error that is itself a message for
-    the user (its class sets ``user_error = True``, as the data layer's ``DataError`` does) as
-    it is, anything else with its type's name."""
-    return str(e) if getattr(type(e), "user_error", False) else f"{type(e).__name__}: {e}"
+class WorkerTraceback(Exception):  # noqa: N818 -- not an error of its own: a traceback carried as a cause
+    """The traceback of an exception raised in a worker, as text: the ``__cause__`` of the
+    re-raised exception, so a printed traceback shows where in the worker it happened."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text.rstrip()}\n"""'
+
+
+def _portable(exc: BaseException) -> bytes | None:
+    """``exc`` pickled, if it pickles and its pickle rebuilds an exception of the same type
+    (checked here in the worker, so a bad one never reaches the executor's result pipe)."""
+    try:
+        blob = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+        back = pickle.loads(blob)
+    except Exception:
+        return None
+    return blob if type(back) is type(exc) else None
+
+
+def _rebuild_failure(blob: bytes | None, type_name: str, message: str, tb: str, note: str) -> _Failure:
+    f = _Failure.__new__(_Failure)
+    f.exc, f.blob, f.type_name, f.message, f.tb, f.note = None, blob, type_name, message, tb, note
+    return f
+
+
+class _Failure:
+    """A function's exception on its way back from a worker. A thread worker hands over the
+    exception itself; a process worker sends it pickled (checked to rebuild, see
+    :func:`_portable`) with its type's name, message and traceback, so the consumer can still
+    name it when it cannot be rebuilt."""
+
+    def __init__(self, exc: BaseException, tb: str, note: str = "") -> None:
+        self.exc: BaseException | None = exc
+        self.blob: bytes | None = None
+        self.type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        self.message, self.tb, self.note = str(exc), tb, note
+
+    def __reduce__(self):
+        blob = self.blob if self.exc is None else _portable(self.exc)
+        return (_rebuild_failure, (blob, self.type_name, self.message, self.tb, self.note))
+
+    def exception(self, where: str, context: str) -> BaseException:
+        """The exception to raise in the consumer: the function's own, with the worker's
+        traceback as its cause and a note saying where; a :class:`WorkerError` naming its type
+        and message when it cannot be rebuilt here."""
+        exc = self.exc
+        if exc is None and self.blob is not None:
+            try:
+                exc = pickle.loads(self.blob)
+            except Exception:
+                exc = None
+        if exc is None:
+            return WorkerError(
+                f"{where}: the function raised {self.type_name}: {self.message}\n  {context}\n  "
+                "(that exception cannot be sent back from a process worker: it does not pickle, or "
+                "its pickle does not rebuild it; give the exception class a working __reduce__, or "
+                'run with workers.backend = "thread" to get it as itself)',
+                self.tb,
+            )
+        if self.tb:
+            exc.__cause__ = WorkerTraceback(self.tb)
+            exc.__suppress_context__ = True
+        for line in (self.note, f"{context} in {where}"):
+            if line:
+                exc.add_note(line)
+        with contextlib.suppress(AttributeError, TypeError):
+            exc.worker_traceback = self.tb  # type: ignore[attr-defined]  # `zephon --debug` prints it
+        return exc
 
 
 def describe_item(item: Any, limit: int = 160) -> str:
@@ -69,13 +144,15 @@ def describe_item(item: Any, limit: int = 160) -> str:
 
 
 def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> tuple:
-    """Worker side: run the function, never let an exception escape unlabelled."""
+    """Worker side: run the function; an exception comes back as a :class:`_Failure` with the
+    index of the failing item and the results before it."""
     if is_batch:
         try:
             out = fn(list(items))
         except (KeyboardInterrupt, SystemExit):
             raise  # inline (workers = 0) this is the main thread: Ctrl-C and SIGTERM end the run
-        except BaseException:  # find the failing item by running them one at a time
+        except BaseException as chunk_error:  # find the failing item by running them one at a time
+            chunk_tb = traceback.format_exc()
             done: list[Any] = []
             for i, item in enumerate(items):
                 try:
@@ -83,17 +160,13 @@ def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> 
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except BaseException as e:
-                    return ("err", i, _describe_error(e), traceback.format_exc(), done)
-            return ("err", 0, "the batch function failed on the chunk but on no item alone", traceback.format_exc(), [])
+                    return ("err", i, _Failure(e, traceback.format_exc()), done)
+            note = f"the batch function failed on the chunk of {len(items)} items but on no item alone"
+            return ("err", 0, _Failure(chunk_error, chunk_tb, note), [])
         if not isinstance(out, (list, tuple)) or len(out) != len(items):
             got = len(out) if isinstance(out, (list, tuple)) else type(out).__name__
-            return (
-                "err",
-                0,
-                f"batch function must return a list with one result per item ({len(items)}), got {got}",
-                "",
-                [],
-            )
+            bad = TypeError(f"batch function must return a list with one result per item ({len(items)}), got {got}")
+            return ("err", 0, _Failure(bad, ""), [])
         return ("ok", list(out))
     results: list[Any] = []
     for i, item in enumerate(items):
@@ -102,7 +175,7 @@ def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> 
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:
-            return ("err", i, _describe_error(e), traceback.format_exc(), results)
+            return ("err", i, _Failure(e, traceback.format_exc()), results)
     return ("ok", results)
 
 
@@ -181,7 +254,7 @@ class OrderedMapper(ZNode[Any]):
         self._pos = 0  # position within the current task's results
         self._pulled = 0  # items pulled from upstream
         self._exhausted = False
-        self._error: WorkerError | None = None
+        self._error: BaseException | None = None
         self._wait = 0.0  # seconds the consumer waited for workers
         # (anchor, since) restored from a state and not yet turned into a task
         self._resume: tuple[dict[str, Any], int] | None = None
@@ -288,8 +361,8 @@ class OrderedMapper(ZNode[Any]):
             self._tasks.append(_Task(self._pulled, anchor, items, fut, offset))
             self._pulled += len(items)
 
-    def _died(self, item: Any) -> PipelineError:
-        return PipelineError(
+    def _died(self, item: Any) -> WorkerError:
+        return WorkerError(
             f"{self._where()}: a worker process died (killed by a signal, or out of memory) while "
             f"mapping the chunk starting at {describe_item(item)}. All workers of this pool were "
             "stopped. Check the system log for the OOM killer; a script that starts process workers "
@@ -333,7 +406,7 @@ class OrderedMapper(ZNode[Any]):
             res = self._await(task)
             self._wait += time.perf_counter() - t0
         except cf.TimeoutError:
-            raise PipelineError(
+            raise WorkerError(
                 f"{self._where()}: no result within {self.workers.timeout_s:g} s for the chunk starting "
                 f"at {describe_item(task.items[0])} (source position {task.start}); a worker seems "
                 "hung in the user function. Fix the function, or raise workers.timeout_s if the work "
@@ -345,13 +418,12 @@ class OrderedMapper(ZNode[Any]):
             raise PipelineError(f"{self._where()}: the worker pool was shut down while a task was pending") from None
         if res[0] == "ok":
             return res[1]
-        _, idx, msg, tb, partial = res
+        _, idx, failure, partial = res
         item = task.items[idx]
         self._exhausted = True
         self._cancel_pending()
-        self._error = WorkerError(
-            f"{self._where()}: {msg}\n  while mapping {describe_item(item)} (source position {task.start + idx} of this lane)",
-            tb,
+        self._error = failure.exception(
+            self._where(), f"while mapping {describe_item(item)} (source position {task.start + idx} of this lane)"
         )
         return list(partial)  # the records before the failing one are still delivered, in order
 
