@@ -81,6 +81,14 @@ def _portable(exc: BaseException) -> bytes | None:
     return blob if type(back) is type(exc) else None
 
 
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 (no ``add_note``: the list is kept in
+    ``__notes__`` all the same, where a caller can read it)."""
+    with contextlib.suppress(AttributeError, TypeError):
+        notes = list(getattr(exc, "__notes__", None) or [])
+        exc.__notes__ = [*notes, note]  # type: ignore[attr-defined]
+
+
 def _rebuild_failure(blob: bytes | None, type_name: str, message: str, tb: str, note: str) -> _Failure:
     f = _Failure.__new__(_Failure)
     f.exc, f.blob, f.type_name, f.message, f.tb, f.note = None, blob, type_name, message, tb, note
@@ -126,7 +134,7 @@ class _Failure:
             exc.__suppress_context__ = True
         for line in (self.note, f"{context} in {where}"):
             if line:
-                exc.add_note(line)
+                _add_note(exc, line)
         with contextlib.suppress(AttributeError, TypeError):
             exc.worker_traceback = self.tb  # type: ignore[attr-defined]  # `zephon --debug` prints it
         return exc
