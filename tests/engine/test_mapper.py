@@ -275,3 +275,31 @@ def test_lane_in_flight_budget():
             for pw in (8, 16):
                 assert floor <= mif(count, lanes, pw) <= max(2, 2 * count)
                 assert lanes * mif(count, lanes, pw) <= max(floor * lanes, pw * count + lanes)
+
+
+@pytest.mark.parametrize("workers", [WorkerConfig(0), WorkerConfig(2, "thread")], ids=["inline", "thread"])
+def test_restored_mapper_reports_the_state_it_was_given(workers):
+    """Restored from {anchor c, since 1} it reports {c, 1} (was {c+1, 0}), primed or not, and
+    then writes the uninterrupted run's states; with another chunk size it still resumes."""
+    ref = OrderedMapper(RangeSource(30), slow_square, workers=workers, chunk_size=4)
+    states = []
+    for _ in range(11):
+        next(ref)
+        states.append(ref.state_dict())
+    ref.close()
+    s = states[4]  # one item into the second chunk
+    assert s["since"] == 1 and s["anchor"]["cursor"] == 4
+    for prime in (False, True):
+        m = OrderedMapper(RangeSource(30), slow_square, workers=workers, chunk_size=4)
+        m.reset(s)
+        if prime:
+            m.prime()
+        assert m.state_dict() == s
+        for want in states[5:]:
+            next(m)
+            assert m.state_dict() == want
+        m.close()
+    m = OrderedMapper(RangeSource(30), slow_square, workers=workers, chunk_size=3)
+    m.reset(s)
+    assert m.state_dict() == s and list(m) == [x * x for x in range(5, 30)]
+    m.close()
