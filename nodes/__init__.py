@@ -18,7 +18,7 @@ from .batch import Batch
 from .mmpack import MMPack, mm_pad_batch
 from .pack import ALGORITHMS, Pack, pad_row, pad_rows
 from .policy import ON_ERROR, skip_hint
-from .rows import IGNORE_INDEX, Provenance
+from .rows import IGNORE_INDEX, LABELS, Provenance, row_spans
 from .shuffle import WindowShuffle
 from .skips import MAX_DETAIL_ROWS, SkipCounter, lane_share, reason_class
 from .tokenize import FetchTokenize, TokDoc
@@ -28,6 +28,7 @@ from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, W
 __all__ = [
     "ALGORITHMS",
     "IGNORE_INDEX",
+    "LABELS",
     "MAX_DETAIL_ROWS",
     "ON_ERROR",
     "POLICIES",
@@ -53,6 +54,7 @@ __all__ = [
     "pad_row",
     "pad_rows",
     "reason_class",
+    "row_spans",
     "sample_layout",
     "skip_hint",
 ]

@@ -12,7 +12,8 @@ state is the upstream cursor at the last flush point plus outputs since).
 
 A micro-batch (numpy)::
 
-    input, labels, positions    int64 [rows, seq_len]   (labels -100 on vision tokens and padding)
+    input, labels, positions    int64 [rows, seq_len]   (labels -100 on vision tokens and padding,
+                                and with labels="document" on each sample's last token)
     document_ids int32, dataset int16 [rows, seq_len]
     mrope_positions             int64 [rows, seq_len, 3] (with mrope)
     pixel_values                float32 [patches, patch_dim]: the images' patches, in token order
@@ -41,7 +42,7 @@ from torchdata.nodes import BaseNode
 
 from zephon.engine import Accumulator
 
-from .rows import IGNORE_INDEX, PackingMetrics, Provenance
+from .rows import IGNORE_INDEX, LABELS, PackingMetrics, Provenance, mask_document_ends
 
 __all__ = ["MMPack", "mm_pad_batch"]
 
@@ -98,6 +99,7 @@ class MMPack(PackingMetrics, Accumulator):
     Why whole micro-batches rather than rows: the image budget (``max_images_per_batch``) is
     per micro-batch, so the packer must see all rows of one at once. Samples are never split
     (the row stays a valid attention context for its images); text documents are.
+    ``labels="document"``: no target crosses a sample boundary (see :class:`zephon.nodes.Pack`).
 
     >>> import numpy as np
     >>> from zephon.nodes import MMDoc
@@ -128,8 +130,12 @@ class MMPack(PackingMetrics, Accumulator):
         ignore_ids: Sequence[int] = (),
         mrope: bool = True,
         max_doc_tokens: int | None = None,
+        labels: str = "row",
     ) -> None:
         super().__init__(source, flush_every=flush_every)
+        if labels not in LABELS:
+            raise ValueError(f"pack.labels must be one of {LABELS}, got {labels!r}")
+        self.labels = labels
         if not isinstance(seq_len, int) or seq_len < 2:
             raise ValueError(f"seq_len must be an integer >= 2, got {seq_len!r}")
         if not isinstance(rows, int) or rows < 1:
@@ -153,6 +159,8 @@ class MMPack(PackingMetrics, Accumulator):
         yield f"rows={self.rows}"
         yield f"max_images_per_batch={self.max_images_per_batch}"
         yield f"flush_every={self.flush_every}"
+        if self.labels != "row":
+            yield f"labels={self.labels}"
 
     def extra_metrics(self) -> dict[str, Any]:
         """The packing counters, and the images emitted."""
@@ -262,6 +270,8 @@ class MMPack(PackingMetrics, Accumulator):
                 if self.ignore_ids.size:
                     lab[np.isin(lab, self.ignore_ids)] = IGNORE_INDEX
                 labels[r, : used - 1] = lab
+            if self.labels == "document":  # no target crosses a sample boundary
+                mask_document_ends(labels[r], [hi - lo for _, lo, hi in self._segs[r]])
             self.pad_tokens += L - used
         self.rows_out += self.rows
         self.images_out += int(per_row.sum())

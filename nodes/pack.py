@@ -1,7 +1,8 @@
 """Packing tokenized documents into training rows of ``seq_len + 1`` tokens.
 
 Each row gives ``input`` (tokens 0..seq_len-1), ``labels`` (tokens 1..seq_len, ``-100`` where
-the target is padding), ``positions`` (restarting at 0 at every document segment, for RoPE and
+the target is padding, and with ``labels="document"`` where it would be the next document's
+first token), ``positions`` (restarting at 0 at every document segment, for RoPE and
 document masks), ``document_ids`` (segment index within the row, ``-1`` on padding: usable for
 varlen / document-masked attention) and ``dataset`` (dataset index per token, ``-1`` on
 padding).
@@ -23,7 +24,7 @@ from torchdata.nodes import BaseNode
 from zephon.engine import Accumulator
 
 from .batch import stack_rows
-from .rows import IGNORE_INDEX, PackingMetrics, Provenance
+from .rows import IGNORE_INDEX, LABELS, PackingMetrics, Provenance, mask_document_ends
 
 __all__ = ["ALGORITHMS", "Pack", "pad_row", "pad_rows"]
 
@@ -65,7 +66,19 @@ def pad_rows(rows: int, seq_len: int, pad_id: int = 0) -> dict[str, Any]:
 
 
 class Pack(PackingMetrics, Accumulator):
-    """Pack documents (objects with ``tokens`` and ``dataset``) into rows of ``seq_len + 1`` tokens."""
+    """Pack documents (objects with ``tokens`` and ``dataset``) into rows of ``seq_len + 1`` tokens.
+
+    ``labels`` (see :data:`zephon.nodes.rows.LABELS`): ``"row"`` shifts the whole row, so a
+    document's last token predicts the next document's first; ``"document"`` shifts inside each
+    document (that target is -100), as TorchTitan 0.3 does.
+
+    >>> import numpy as np
+    >>> from zephon.nodes import TokDoc, WorkItem
+    >>> from zephon.engine.testing import ListSource
+    >>> docs = [TokDoc(np.array(t, dtype=np.int32), 0, WorkItem(0, 0, i, 0, 0)) for i, t in enumerate([[1, 2, 3], [7, 8, 9, 4]])]
+    >>> [next(Pack(ListSource(docs), seq_len=6, labels=mode))["labels"].tolist() for mode in ("row", "document")]
+    [[2, 3, 7, 8, 9, 4], [2, 3, -100, 8, 9, 4]]
+    """
 
     node_type = "pack"
 
@@ -79,8 +92,12 @@ class Pack(PackingMetrics, Accumulator):
         pad_id: int = 0,
         max_open: int = 8,
         max_doc_tokens: int | None = None,
+        labels: str = "row",
     ) -> None:
         super().__init__(source, flush_every=flush_every)
+        if labels not in LABELS:
+            raise ValueError(f"pack.labels must be one of {LABELS}, got {labels!r}")
+        self.labels = labels
         if algorithm not in ALGORITHMS:
             raise ValueError(f"pack.algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
         if not isinstance(seq_len, int) or seq_len < 2:
@@ -103,6 +120,8 @@ class Pack(PackingMetrics, Accumulator):
         yield f"seq_len={self.seq_len}"
         yield self.algorithm
         yield f"flush_every={self.flush_every}"
+        if self.labels != "row":
+            yield f"labels={self.labels}"
 
     # -- accumulator hooks ------------------------------------------------------------------
     def max_since(self) -> int | None:
@@ -206,6 +225,8 @@ class Pack(PackingMetrics, Accumulator):
             dataset[pos:] = -1
         labels = tokens[1:].copy()
         labels[used - 1 :] = IGNORE_INDEX  # targets that are padding
+        if self.labels == "document":  # no target crosses a document boundary
+            mask_document_ends(labels, [len(seg) for seg, _, _ in segments])
         self.rows_out += 1
         self.pad_tokens += L - used
         self.emit(

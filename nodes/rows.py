@@ -2,18 +2,30 @@
 everything that reads their output (display, provenance, TorchTitan batches).
 
 ``labels`` hold :data:`IGNORE_INDEX` where a target must not be trained on (padding, vision
-placeholders). ``provenance`` holds, per row, one :class:`Provenance` per segment: which
-record of which dataset the segment's tokens are, and which of that record's tokens.
+placeholders, and with ``labels = "document"`` the target of each document's last token, see
+:data:`LABELS`). ``provenance`` holds, per row, one :class:`Provenance` per segment: which
+record of which dataset the segment's tokens are, and which of that record's tokens; the
+segments lie back to back from the row's first token, so :func:`row_spans` gives where each sits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["IGNORE_INDEX", "PackingMetrics", "Provenance"]
+import numpy as np
+
+__all__ = ["IGNORE_INDEX", "LABELS", "PackingMetrics", "Provenance", "mask_document_ends", "row_spans"]
 
 #: the label of a target that is not trained on (PyTorch's cross-entropy default ignore_index)
 IGNORE_INDEX = -100
+
+#: where a packed row's targets come from. ``"row"``: the whole row shifted by one, so the last
+#: token of a document is trained to predict the first token of the next one (data version 1).
+#: ``"document"``: shifted inside each document, as TorchTitan 0.3 does: the target of each
+#: document's last token is :data:`IGNORE_INDEX`, so no target crosses a document boundary
+#: (the default from data version 2).
+LABELS = ("row", "document")
 
 
 class Provenance(NamedTuple):
@@ -48,6 +60,45 @@ class Provenance(NamedTuple):
         if item is None:
             return cls(int(doc.dataset), -1, -1, -1, off + int(lo), off + int(hi))
         return cls(int(item.dataset), int(item.shard), int(item.record), int(item.epoch), off + int(lo), off + int(hi))
+
+
+def row_spans(provenance: Iterable[Any]) -> list[tuple[int, int]]:
+    """Where each segment of a row sits among the row's ``seq_len + 1`` tokens (the inputs,
+    then the last label): ``[start, stop)`` per :class:`Provenance`, in row order.
+
+    Why from the provenance: the packers lay segments back to back from position 0, each as
+    long as its token range, so the provenance alone says where they are; ``document_ids``
+    covers only the inputs and cannot place a document whose only token is the final label.
+
+    >>> row_spans([(0, 3, 17, 1, 0, 6), (1, 0, 4, 0, 0, 1)])   # the second is the final label
+    [(0, 6), (6, 7)]
+    """
+    out: list[tuple[int, int]] = []
+    pos = 0
+    for entry in provenance:
+        p = Provenance(*(int(v) for v in entry))
+        n = p.tok_end - p.tok_start
+        out.append((pos, pos + n))
+        pos += n
+    return out
+
+
+def mask_document_ends(labels: np.ndarray, lengths: Sequence[int]) -> None:
+    """With ``labels = "document"``: set the target of every segment's last token to
+    :data:`IGNORE_INDEX` in one row's ``labels`` (``seq_len`` targets for ``seq_len + 1``
+    tokens), given the segments' lengths in row order. A segment ending at the row's end has no
+    target in this row. A segment ends inside a row only where its document ends (the packers
+    split a document only at a row's end).
+
+    >>> labels = np.array([2, 3, 7, 8, 9, -100, -100])   # tokens 1 2 3 | 7 8 9 | pad
+    >>> mask_document_ends(labels, [3, 3]); labels.tolist()
+    [2, 3, -100, 8, 9, -100, -100]
+    """
+    end = 0
+    for n in lengths:
+        end += int(n)
+        if 0 < end <= len(labels):
+            labels[end - 1] = IGNORE_INDEX
 
 
 class PackingMetrics:

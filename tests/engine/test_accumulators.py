@@ -5,7 +5,7 @@ import json
 import pytest
 
 from zephon import LaneContext
-from zephon.engine.testing import RangeSource, ToyPacker, check_node, toy_lane
+from zephon.engine.testing import ListSource, RangeSource, ToyPacker, check_node, toy_lane
 from zephon.nodes import Batch, WindowShuffle
 
 
@@ -90,3 +90,31 @@ def test_bad_parameters():
     with pytest.raises(ValueError, match="batch_size"):
         Batch(RangeSource(3), batch_size=0)
     assert "batch_size=4" in repr(Batch(RangeSource(3), batch_size=4))
+
+
+class CountingListSource(ListSource):
+    """Outputs right after a restore, but its state counts reads since construction: a resumed
+    run would write other checkpoints than an uninterrupted one."""
+
+    node_type = "counting_list_source"
+
+    def __init__(self, items):
+        super().__init__(items)
+        self.reads = 0
+
+    def reset(self, initial_state=None):
+        if initial_state is not None:
+            initial_state = {k: v for k, v in initial_state.items() if k != "reads"}
+        super().reset(initial_state)
+
+    def next(self):
+        self.reads += 1
+        return super().next()
+
+    def get_state(self):
+        return {**super().get_state(), "reads": self.reads}
+
+
+def test_check_node_holds_restored_states_to_the_uninterrupted_run():
+    with pytest.raises(AssertionError, match=r"restored from step 1, before its first output.*/reads: 0 != 1"):
+        check_node(lambda: CountingListSource(range(5)))

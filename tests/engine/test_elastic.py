@@ -178,10 +178,11 @@ def test_prefetch_surfaces_errors_in_the_consumer():
 
     lane = functools.partial(toy_lane, n=None, map_fn=bad)
     g = GlobalLoader(lane, lanes=2, world_size=1, seed=1, prefetch=2)
-    with pytest.raises(WorkerError, match="bad record forty"):
+    with pytest.raises(ValueError, match="bad record forty") as ei:  # the function's own exception
         for _ in range(1000):
             next(g)
-    with pytest.raises(WorkerError):  # and keeps raising, never hangs
+    assert not isinstance(ei.value, WorkerError) and "source position" in ei.value.__notes__[-1]
+    with pytest.raises(ValueError):  # and keeps raising, never hangs
         next(g)
     g.close()
 

@@ -11,6 +11,8 @@ import time
 import pytest
 
 from zephon import OrderedMapper, PipelineError, WorkerConfig, WorkerError
+from zephon.data import DataError
+from zephon.engine.mapper import WorkerTraceback
 from zephon.engine.testing import RangeSource, _threads, assert_no_leaks, check_node
 
 
@@ -90,28 +92,119 @@ def test_bounded_in_flight():
         m.close()
 
 
-@pytest.mark.parametrize(
-    "workers",
-    [WorkerConfig(0), WorkerConfig(2, "thread"), WorkerConfig(2, "process")],
-    ids=["inline", "thread", "process"],
-)
-def test_error_names_the_record(workers):
-    m = OrderedMapper(RangeSource(40), fail_on_13, workers=workers, chunk_size=4, lane=3, name="decode")
+ERROR_CONFIGS = [
+    WorkerConfig(0),
+    WorkerConfig(2, "thread"),
+    WorkerConfig(2, "process"),
+    WorkerConfig(2, "process", shm_mb=0),
+]
+ERROR_IDS = ["inline", "thread", "process", "process-pickled"]
+
+
+def data_error_on_13(x):
+    if x == 13:  # what a reader raises when a file was rewritten during the run
+        raise DataError("the file changed during the run", dataset="web", file="a.jsonl", fix="Restart the run.")
+    return x
+
+
+class NoPickleError(Exception):
+    """An exception that cannot be pickled (it holds a lock)."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+class NoRebuildError(Exception):
+    """An exception whose pickle does not rebuild it (a keyword-only __init__, no __reduce__)."""
+
+    def __init__(self, *, reason):
+        super().__init__(f"no rebuild: {reason}")
+
+
+def raise_unpicklable_on_5(x):
+    if x == 5:
+        raise NoPickleError("cannot travel")
+    return x
+
+
+def raise_unrebuildable_on_5(x):
+    if x == 5:
+        raise NoRebuildError(reason="keyword-only")
+    return x
+
+
+def _run_until_error(fn, workers, **kw):
+    m = OrderedMapper(RangeSource(40), fn, workers=workers, chunk_size=4, lane=3, name="decode", **kw)
     got = []
-    with pytest.raises(WorkerError) as ei:
-        for x in m:
-            got.append(x)
-    m.close()
-    msg = str(ei.value)
-    assert "thirteen is unlucky" in msg and "lane 3" in msg and "source position 13" in msg and "decode" in msg
+    try:
+        with pytest.raises(BaseException) as ei:
+            for x in m:
+                got.append(x)
+        with pytest.raises(type(ei.value)):  # and it keeps raising, never hangs
+            next(m)
+    finally:
+        m.close()
+    return ei.value, got
+
+
+@pytest.mark.parametrize("workers", ERROR_CONFIGS, ids=ERROR_IDS)
+def test_user_exception_keeps_its_type(workers):
+    """torchdata's ParallelMapper re-raises a function's exception as its own type; so does the
+    mapper, with the worker traceback as the cause and a note naming the lane and record."""
+    e, got = _run_until_error(fail_on_13, workers)
+    assert type(e) is ValueError and str(e) == "thirteen is unlucky"
+    note = "\n".join(e.__notes__)
+    assert "lane 3" in note and "source position 13" in note and "decode" in note
+    assert isinstance(e.__cause__, WorkerTraceback) and "fail_on_13" in str(e.__cause__)
+    assert "fail_on_13" in e.worker_traceback
     assert got == list(range(13))  # everything before the bad record was delivered, in order
+
+
+@pytest.mark.parametrize("workers", ERROR_CONFIGS, ids=ERROR_IDS)
+def test_data_error_keeps_its_type(workers):
+    e, got = _run_until_error(data_error_on_13, workers)
+    assert type(e) is DataError and e.file == "a.jsonl" and e.dataset == "web"
+    assert "Traceback" not in str(e) and "Restart the run" in str(e)  # a message, not a crash
+    assert "DataError" in e.worker_traceback and "source position 13" in e.__notes__[-1]
+    assert got == list(range(13))
+
+
+@pytest.mark.parametrize("workers", ERROR_CONFIGS, ids=ERROR_IDS)
+def test_batch_function_error_keeps_its_type(workers):
+    m = OrderedMapper(RangeSource(40), batch_fn=_batch_fail_on_13, workers=workers, chunk_size=4)
+    with pytest.raises(ValueError, match="thirteen") as ei:
+        list(m)
+    m.close()
+    assert "source position 13" in ei.value.__notes__[-1]
+
+
+def _batch_fail_on_13(xs):
+    return [fail_on_13(x) for x in xs]
+
+
+@pytest.mark.parametrize(
+    "fn,name", [(raise_unpicklable_on_5, "NoPickleError"), (raise_unrebuildable_on_5, "NoRebuildError")]
+)
+def test_exception_that_cannot_travel_surfaces_as_worker_error(fn, name):
+    """A process worker cannot send back an exception that does not pickle or rebuild: it comes
+    as a WorkerError naming its type and message (never a broken pool, never a hang)."""
+    for workers in (WorkerConfig(2, "process"), WorkerConfig(2, "process", shm_mb=0)):
+        e, got = _run_until_error(fn, workers)
+        assert type(e) is WorkerError, e
+        msg = str(e)
+        assert name in msg and "source position 5" in msg and "lane 3" in msg and 'backend = "thread"' in msg
+        assert name in e.worker_traceback
+        assert got == list(range(5))
+    e, _ = _run_until_error(fn, WorkerConfig(2, "thread"))  # threads hand it over as itself
+    assert type(e).__name__ == name
 
 
 def test_killed_worker_process_surfaces_quickly():
     before = _threads()
     m = OrderedMapper(RangeSource(100), kill_self_on_9, workers=WorkerConfig(2, "process"), chunk_size=2)
     t0 = time.monotonic()
-    with pytest.raises(PipelineError, match="worker process died"):
+    with pytest.raises(WorkerError, match="worker process died"):  # a WorkerError: a worker died
         list(m)
     assert time.monotonic() - t0 < 30
     m.close()
@@ -124,7 +217,7 @@ def test_worker_killed_while_sending_its_result_surfaces_and_closes():
     before = _threads()
     m = OrderedMapper(RangeSource(100), die_mid_result_on_9, workers=WorkerConfig(1, "process", shm_mb=0), chunk_size=1)
     t0 = time.monotonic()
-    with pytest.raises(PipelineError, match="worker process died"):
+    with pytest.raises(WorkerError, match="worker process died"):  # a WorkerError: a worker died
         list(m)
     assert time.monotonic() - t0 < 30
     managers = [t for t in threading.enumerate() if type(t).__name__ == "_ExecutorManagerThread"]
@@ -137,7 +230,7 @@ def test_hung_worker_times_out():
     before = _threads()
     m = OrderedMapper(RangeSource(20), hang_on_5, workers=WorkerConfig(2, "process", timeout_s=1.5), chunk_size=1)
     t0 = time.monotonic()
-    with pytest.raises(PipelineError, match="hung"):
+    with pytest.raises(WorkerError, match="hung"):
         list(m)
     assert time.monotonic() - t0 < 20
     m.close()
@@ -182,3 +275,31 @@ def test_lane_in_flight_budget():
             for pw in (8, 16):
                 assert floor <= mif(count, lanes, pw) <= max(2, 2 * count)
                 assert lanes * mif(count, lanes, pw) <= max(floor * lanes, pw * count + lanes)
+
+
+@pytest.mark.parametrize("workers", [WorkerConfig(0), WorkerConfig(2, "thread")], ids=["inline", "thread"])
+def test_restored_mapper_reports_the_state_it_was_given(workers):
+    """Restored from {anchor c, since 1} it reports {c, 1} (was {c+1, 0}), primed or not, and
+    then writes the uninterrupted run's states; with another chunk size it still resumes."""
+    ref = OrderedMapper(RangeSource(30), slow_square, workers=workers, chunk_size=4)
+    states = []
+    for _ in range(11):
+        next(ref)
+        states.append(ref.state_dict())
+    ref.close()
+    s = states[4]  # one item into the second chunk
+    assert s["since"] == 1 and s["anchor"]["cursor"] == 4
+    for prime in (False, True):
+        m = OrderedMapper(RangeSource(30), slow_square, workers=workers, chunk_size=4)
+        m.reset(s)
+        if prime:
+            m.prime()
+        assert m.state_dict() == s
+        for want in states[5:]:
+            next(m)
+            assert m.state_dict() == want
+        m.close()
+    m = OrderedMapper(RangeSource(30), slow_square, workers=workers, chunk_size=3)
+    m.reset(s)
+    assert m.state_dict() == s and list(m) == [x * x for x in range(5, 30)]
+    m.close()

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from zephon import ZNode
-from zephon.engine.testing import check_node
-from zephon.nodes import Pack
+from zephon.engine.testing import ListSource, check_node
+from zephon.nodes import IGNORE_INDEX, LABELS, Pack, TokDoc, WorkItem, row_spans
 
 
 class Doc:
@@ -102,3 +102,91 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="seq_len"):
         Pack(DocSource(1, 4), seq_len=1)
     assert "first_fit" in repr(Pack(DocSource(1, 4), seq_len=8, algorithm="first_fit"))
+
+
+# -- labels inside documents (issue 20, class 6) and row positions of provenance (class 4) ---------
+
+
+def titled_docs(n, row_len, seed=1):
+    """Documents with record identities (so provenance names them), every length from 1 to
+    2 * row_len + 1: tails of one token fall on a row's final label slot."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for i in range(n):
+        k = int(rng.integers(1, 2 * row_len + 2))
+        docs.append(TokDoc(np.arange(k, dtype=np.int32) + 1000 * (i + 1), 0, WorkItem(0, 0, i, 0, i)))
+    return docs
+
+
+def check_targets(row, docs, mode):
+    """Every target of ``row`` against the documents' own tokens, located through the
+    provenance: a target inside a segment is the document's next token; the target of a
+    segment's last token is the next segment's first token ("row") or -100 ("document");
+    padding targets are -100. Returns how many targets crossed a document boundary."""
+    seq_len = len(row["input"])
+    spans = row_spans(row["provenance"])
+    owner = np.full(seq_len + 1, -1)
+    token = np.full(seq_len + 1, -1)
+    for j, (p, (lo, hi)) in enumerate(zip(row["provenance"], spans)):
+        owner[lo:hi] = j
+        token[lo:hi] = docs[p.record].tokens[p.tok_start : p.tok_end]  # the document's own tokens
+    assert (row["input"][owner[:-1] >= 0] == token[:-1][owner[:-1] >= 0]).all()
+    crossed = 0
+    for i in range(seq_len):
+        if owner[i] < 0 or owner[i + 1] < 0:
+            assert row["labels"][i] == IGNORE_INDEX  # padding
+        elif owner[i] == owner[i + 1]:
+            assert row["labels"][i] == token[i + 1]  # inside one document: its next token
+        else:
+            crossed += 1
+            assert row["labels"][i] == (token[i + 1] if mode == "row" else IGNORE_INDEX)
+    return crossed
+
+
+@pytest.mark.parametrize("algorithm", ["greedy", "first_fit", "best_fit"])
+def test_document_labels_never_cross_a_document(algorithm):
+    docs = titled_docs(120, 9)
+    rows = {m: list(Pack(ListSource(docs), seq_len=8, algorithm=algorithm, flush_every=13, labels=m)) for m in LABELS}
+    crossed = {m: sum(check_targets(r, docs, m) for r in rows[m]) for m in LABELS}
+    assert crossed["row"] > 30 and crossed["document"] == crossed["row"]  # the same rows, other targets
+    for a, b in zip(rows["row"], rows["document"]):
+        for k in ("input", "positions", "document_ids", "dataset"):
+            np.testing.assert_array_equal(a[k], b[k])
+        assert a["provenance"] == b["provenance"]
+
+
+def test_document_labels_restore_every_step():
+    check_node(lambda: Pack(ListSource(titled_docs(40, 9)), seq_len=8, flush_every=7, labels="document"))
+
+
+def test_row_labels_are_the_whole_row_shifted():
+    docs = [TokDoc(np.array(t, dtype=np.int32), 0, WorkItem(0, 0, i, 0, i)) for i, t in enumerate([[1, 2, 3], [7, 8]])]
+    row = next(Pack(ListSource(docs), seq_len=5, labels="row"))
+    assert row["labels"].tolist() == [2, 3, 7, 8, IGNORE_INDEX]
+    row = next(Pack(ListSource(docs), seq_len=5, labels="document"))
+    assert row["labels"].tolist() == [2, 3, IGNORE_INDEX, 8, IGNORE_INDEX]
+    with pytest.raises(ValueError, match="pack.labels"):
+        Pack(ListSource(docs), seq_len=5, labels="sample")
+
+
+def test_document_in_the_final_label_slot_has_row_positions():
+    """A document whose first token is the row's last token (the final label, no input) still
+    has its row positions: row_spans reads them from the provenance."""
+    docs = [
+        TokDoc(np.array(t, dtype=np.int32), 0, WorkItem(0, 0, i, 0, i)) for i, t in enumerate([[1, 2, 3, 4], [7, 8]])
+    ]
+    row = next(Pack(ListSource(docs), seq_len=4))  # tokens 1 2 3 4 | 7, then 8 opens the next row
+    assert [tuple(p) for p in row["provenance"]] == [(0, 0, 0, 0, 0, 4), (0, 0, 1, 0, 0, 1)]
+    assert 1 not in row["document_ids"]  # the inputs cannot place it
+    assert row_spans(row["provenance"]) == [(0, 4), (4, 5)]
+    assert row["labels"][-1] == 7  # position 4 of the row's 5 tokens is the final label
+
+
+@pytest.mark.parametrize("algorithm", ["greedy", "first_fit", "best_fit"])
+def test_row_spans_place_every_segment(algorithm):
+    docs = titled_docs(80, 9, seed=3)
+    for row in Pack(ListSource(docs), seq_len=8, algorithm=algorithm, flush_every=11):
+        full = np.r_[row["input"], row["labels"][-1:]]  # the row's seq_len + 1 tokens ("row" labels)
+        for p, (lo, hi) in zip(row["provenance"], row_spans(row["provenance"])):
+            np.testing.assert_array_equal(full[lo:hi], docs[p.record].tokens[p.tok_start : p.tok_end])
+            assert (row["document_ids"][lo : min(hi, 8)] >= 0).all()

@@ -34,6 +34,7 @@ from zephon.recipe.spec import (
     key,
     keys,
     meta,
+    versioned_default,
 )
 
 MINIMAL = {
@@ -72,8 +73,9 @@ def test_an_empty_section_parses_to_the_dataclass_defaults(cls):
         k = meta(cls, f.name)
         if k.read == "table":
             continue  # a nested section: checked as its own class (and below)
-        if k.derived is None:
-            assert getattr(parsed, f.name) == default, f"{cls.__name__}.{f.name}"
+        if k.derived is None:  # (a versioned key: its default under the recipe's data version)
+            want = versioned_default(cls, f.name, spec.data_version) if cls is not RecipeSpec else default
+            assert getattr(parsed, f.name) == want, f"{cls.__name__}.{f.name}"
     assert spec.mixing == dataclasses.replace(MixingSpec(), split_tokens=4 * (64 + 1))  # the one derived here
     assert spec.workers == WorkersSpec() and spec.vision == VisionSpec() and spec.end is None
 
@@ -173,7 +175,7 @@ def test_a_new_key_at_its_default_keeps_the_data_definition():
 
     assert _as_list(Pack2()) == ["greedy", 512]
     assert _as_list(Pack2(lookahead=4)) == ["greedy", 512, {"lookahead": 4}]
-    spec = parse_recipe(MINIMAL, "/data")
+    spec = parse_recipe(dict(MINIMAL, data_version=1), "/data")
     assert spec.data_definition()["pack"] == ["greedy", 512, 8] and spec.data_definition()["shuffle"] == 1024
     assert "max_record_bytes" not in spec.data_definition()["datasets"][0]
     big = parse_recipe(dict(MINIMAL, datasets=[{"name": "web", "path": "w", "max_record_bytes": 1 << 20}]), "/")

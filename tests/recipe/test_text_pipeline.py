@@ -136,6 +136,7 @@ def test_exactly_once_over_one_epoch(corpus):
         extra="",
     )
     r = Recipe.from_toml(path).replace(global_batch_size=8)  # one row per lane per step: nothing dropped at the end
+    r = r.replace(pack={**vars(r.spec.pack), "labels": "row"})  # a row's last token is read from its last label
     p = r.prepare()
     # every record is read by exactly one lane, once (long ones as all of their parts, once each)
     seen = collections.Counter()
@@ -258,8 +259,10 @@ def test_packing_invariants(corpus, algorithm):
             inp, lab, pos, doc = b["input"][i], b["labels"][i], b["positions"][i], b["document_ids"][i]
             valid = doc >= 0
             n = int(valid.sum())
-            # labels are the inputs shifted by one (inside the row), -100 where the target is padding
-            assert (lab[: n - 1] == inp[1:n]).all()
+            # labels are the inputs shifted by one inside each document, -100 where the target is
+            # padding or another document (labels = "document")
+            same = doc[: n - 1] == doc[1:n]
+            assert (lab[: n - 1][same] == inp[1:n][same]).all() and (lab[: n - 1][~same] == -100).all()
             assert (lab[n:] == -100).all()
             # positions restart at 0 at every document start and count up inside it
             starts = np.r_[True, doc[1:] != doc[:-1]] & valid

@@ -410,11 +410,11 @@ def bad_recipe(root, on_error, **kw):
 def test_bad_images_raise_with_file_key_and_fix(bad_root):
     root, _ = bad_root
     r = bad_recipe(root, "raise")
-    with pytest.raises(Exception) as ei, r.global_loader(1) as g:  # the mapper's WorkerError, with the DataError's text
+    with pytest.raises(DataError) as ei, r.global_loader(1) as g:  # the reader's own DataError, from the worker
         for _ in g:
             pass
     msg = str(ei.value)
-    assert "lane " in msg and "Traceback" not in msg  # a message; the worker's traceback is kept aside
+    assert "lane " in ei.value.__notes__[-1] and "Traceback" not in msg  # a message; the traceback is kept aside
     assert "DataError" in ei.value.worker_traceback
     assert "dataset 'bad'" in msg and ".tar'" in msg and "key 'bad-" in msg and 'on_error = "skip"' in msg
 

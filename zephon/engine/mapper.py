@@ -8,13 +8,17 @@ consumer waits (backpressure) and nothing more is read.
 
 Checkpoint: the upstream's state at the start of the chunk being delivered plus the number of
 items delivered since. Restore resets upstream there and skips those items *without* mapping
-them, so replay costs at most one chunk of upstream reads.
+them, so replay costs at most one chunk of upstream reads. The restored mapper then maps the rest
+of that chunk as one task, so it reports the state it was given and, after every later item, the
+state an uninterrupted run reports (a resumed run writes the same checkpoints).
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import contextlib
+import pickle
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -26,7 +30,7 @@ from torchdata.nodes import BaseNode
 from .node import ANCHOR, SINCE, PipelineError, StateError, ZNode, check_state_keys, state_int, state_node
 from .workers import WorkerConfig, WorkerPool
 
-__all__ = ["MAX_CHUNK_SIZE", "OrderedMapper", "WorkerError", "describe_item"]
+__all__ = ["MAX_CHUNK_SIZE", "OrderedMapper", "WorkerError", "WorkerTraceback", "describe_item"]
 
 #: the largest chunk a mapper hands one worker task. The chunk size is a performance setting (a
 #: run may resume with another one), so a restored state's ``since`` is bounded by this, not by
@@ -35,9 +39,15 @@ MAX_CHUNK_SIZE = 4096
 
 
 class WorkerError(PipelineError):
-    """A user function failed on a record; the message names the lane and the record.
+    """A worker could not deliver a result: it died (killed, out of memory), hung past
+    ``workers.timeout_s``, or its function raised an exception that cannot travel back from a
+    process worker (the message then names that exception's type and text).
 
-    The worker's traceback is kept in :attr:`worker_traceback` (not in the message: an error
+    An exception a function raises on a record reaches the caller as itself (a ``DataError``
+    as a ``DataError``, a ``KeyError`` as a ``KeyError``), as torchdata's ``ParallelMapper``
+    re-raises it: the worker's traceback is chained as its ``__cause__`` and kept in its
+    ``worker_traceback`` attribute, and a note names the lane and the record. The worker's
+    traceback of a WorkerError is in :attr:`worker_traceback` (not in the message: an error
     about the data reads as a message, not as a crash; ``zephon --debug`` prints it)."""
 
     def __init__(self, message: str, worker_traceback: str = "") -> None:
@@ -48,11 +58,86 @@ class WorkerError(PipelineError):
         return (type(self), (str(self), self.worker_traceback))
 
 
-def _describe_error(e: BaseException) -> str:
-    """How a worker's exception reads in the error message: an error that is itself a message for
-    the user (its class sets ``user_error = True``, as the data layer's ``DataError`` does) as
-    it is, anything else with its type's name."""
-    return str(e) if getattr(type(e), "user_error", False) else f"{type(e).__name__}: {e}"
+class WorkerTraceback(Exception):  # noqa: N818 -- not an error of its own: a traceback carried as a cause
+    """The traceback of an exception raised in a worker, as text: the ``__cause__`` of the
+    re-raised exception, so a printed traceback shows where in the worker it happened."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text.rstrip()}\n"""'
+
+
+def _portable(exc: BaseException) -> bytes | None:
+    """``exc`` pickled, if it pickles and its pickle rebuilds an exception of the same type
+    (checked here in the worker, so a bad one never reaches the executor's result pipe)."""
+    try:
+        blob = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+        back = pickle.loads(blob)
+    except Exception:
+        return None
+    return blob if type(back) is type(exc) else None
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 (no ``add_note``: the list is kept in
+    ``__notes__`` all the same, where a caller can read it)."""
+    with contextlib.suppress(AttributeError, TypeError):
+        notes = list(getattr(exc, "__notes__", None) or [])
+        exc.__notes__ = [*notes, note]  # type: ignore[attr-defined]
+
+
+def _rebuild_failure(blob: bytes | None, type_name: str, message: str, tb: str, note: str) -> _Failure:
+    f = _Failure.__new__(_Failure)
+    f.exc, f.blob, f.type_name, f.message, f.tb, f.note = None, blob, type_name, message, tb, note
+    return f
+
+
+class _Failure:
+    """A function's exception on its way back from a worker. A thread worker hands over the
+    exception itself; a process worker sends it pickled (checked to rebuild, see
+    :func:`_portable`) with its type's name, message and traceback, so the consumer can still
+    name it when it cannot be rebuilt."""
+
+    def __init__(self, exc: BaseException, tb: str, note: str = "") -> None:
+        self.exc: BaseException | None = exc
+        self.blob: bytes | None = None
+        self.type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        self.message, self.tb, self.note = str(exc), tb, note
+
+    def __reduce__(self):
+        blob = self.blob if self.exc is None else _portable(self.exc)
+        return (_rebuild_failure, (blob, self.type_name, self.message, self.tb, self.note))
+
+    def exception(self, where: str, context: str) -> BaseException:
+        """The exception to raise in the consumer: the function's own, with the worker's
+        traceback as its cause and a note saying where; a :class:`WorkerError` naming its type
+        and message when it cannot be rebuilt here."""
+        exc = self.exc
+        if exc is None and self.blob is not None:
+            try:
+                exc = pickle.loads(self.blob)
+            except Exception:
+                exc = None
+        if exc is None:
+            return WorkerError(
+                f"{where}: the function raised {self.type_name}: {self.message}\n  {context}\n  "
+                "(that exception cannot be sent back from a process worker: it does not pickle, or "
+                "its pickle does not rebuild it; give the exception class a working __reduce__, or "
+                'run with workers.backend = "thread" to get it as itself)',
+                self.tb,
+            )
+        if self.tb:
+            exc.__cause__ = WorkerTraceback(self.tb)
+            exc.__suppress_context__ = True
+        for line in (self.note, f"{context} in {where}"):
+            if line:
+                _add_note(exc, line)
+        with contextlib.suppress(AttributeError, TypeError):
+            exc.worker_traceback = self.tb  # type: ignore[attr-defined]  # `zephon --debug` prints it
+        return exc
 
 
 def describe_item(item: Any, limit: int = 160) -> str:
@@ -67,13 +152,15 @@ def describe_item(item: Any, limit: int = 160) -> str:
 
 
 def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> tuple:
-    """Worker side: run the function, never let an exception escape unlabelled."""
+    """Worker side: run the function; an exception comes back as a :class:`_Failure` with the
+    index of the failing item and the results before it."""
     if is_batch:
         try:
             out = fn(list(items))
         except (KeyboardInterrupt, SystemExit):
             raise  # inline (workers = 0) this is the main thread: Ctrl-C and SIGTERM end the run
-        except BaseException:  # find the failing item by running them one at a time
+        except BaseException as chunk_error:  # find the failing item by running them one at a time
+            chunk_tb = traceback.format_exc()
             done: list[Any] = []
             for i, item in enumerate(items):
                 try:
@@ -81,17 +168,13 @@ def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> 
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except BaseException as e:
-                    return ("err", i, _describe_error(e), traceback.format_exc(), done)
-            return ("err", 0, "the batch function failed on the chunk but on no item alone", traceback.format_exc(), [])
+                    return ("err", i, _Failure(e, traceback.format_exc()), done)
+            note = f"the batch function failed on the chunk of {len(items)} items but on no item alone"
+            return ("err", 0, _Failure(chunk_error, chunk_tb, note), [])
         if not isinstance(out, (list, tuple)) or len(out) != len(items):
             got = len(out) if isinstance(out, (list, tuple)) else type(out).__name__
-            return (
-                "err",
-                0,
-                f"batch function must return a list with one result per item ({len(items)}), got {got}",
-                "",
-                [],
-            )
+            bad = TypeError(f"batch function must return a list with one result per item ({len(items)}), got {got}")
+            return ("err", 0, _Failure(bad, ""), [])
         return ("ok", list(out))
     results: list[Any] = []
     for i, item in enumerate(items):
@@ -100,7 +183,7 @@ def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> 
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:
-            return ("err", i, _describe_error(e), traceback.format_exc(), results)
+            return ("err", i, _Failure(e, traceback.format_exc()), results)
     return ("ok", results)
 
 
@@ -118,10 +201,15 @@ class _Deferred:
 
 
 class _Task:
-    __slots__ = ("anchor", "future", "items", "start")
+    """One chunk on its way: ``anchor`` is the upstream state at the start of its chunk and
+    ``offset`` the items of that chunk delivered before this task (non-zero only for the first
+    task after a restore, which maps the rest of the chunk it was restored into)."""
 
-    def __init__(self, start: int, anchor: dict[str, Any], items: list[Any], future: Any) -> None:
+    __slots__ = ("anchor", "future", "items", "offset", "start")
+
+    def __init__(self, start: int, anchor: dict[str, Any], items: list[Any], future: Any, offset: int = 0) -> None:
         self.start, self.anchor, self.items, self.future = start, anchor, items, future
+        self.offset = offset
 
 
 class OrderedMapper(ZNode[Any]):
@@ -174,8 +262,10 @@ class OrderedMapper(ZNode[Any]):
         self._pos = 0  # position within the current task's results
         self._pulled = 0  # items pulled from upstream
         self._exhausted = False
-        self._error: WorkerError | None = None
+        self._error: BaseException | None = None
         self._wait = 0.0  # seconds the consumer waited for workers
+        # (anchor, since) restored from a state and not yet turned into a task
+        self._resume: tuple[dict[str, Any], int] | None = None
 
     def _repr_args(self):
         yield self.name
@@ -191,6 +281,7 @@ class OrderedMapper(ZNode[Any]):
         self._current, self._results, self._pos = None, [], 0
         self._exhausted = False
         self._error = None
+        self._resume = None
         if initial_state is None:
             self.source.reset(None)
             self._pulled = 0
@@ -199,7 +290,8 @@ class OrderedMapper(ZNode[Any]):
         # the state points into one chunk: fewer of its items were delivered than any chunk holds
         # (the chunk size may differ from the one the state was written with: it is not data)
         since = state_int(self, SINCE, initial_state[SINCE], 0, MAX_CHUNK_SIZE - 1)
-        self.source.reset(state_node(self, ANCHOR, initial_state[ANCHOR]))
+        anchor = state_node(self, ANCHOR, initial_state[ANCHOR])
+        self.source.reset(anchor)
         self._pulled = 0
         for i in range(since):  # skip what was delivered, without mapping it
             try:
@@ -210,12 +302,15 @@ class OrderedMapper(ZNode[Any]):
                     "the data changed since the checkpoint was written"
                 ) from None
         self._pulled = since
+        self._resume = (anchor, since)
 
     def get_state(self) -> dict[str, Any]:
         if self._current is not None and self._pos < len(self._current.items):
-            anchor, since = self._current.anchor, self._pos
+            anchor, since = self._current.anchor, self._current.offset + self._pos
         elif self._tasks:
-            anchor, since = self._tasks[0].anchor, 0
+            anchor, since = self._tasks[0].anchor, self._tasks[0].offset
+        elif self._resume is not None:  # restored, nothing pulled yet: the state it was given
+            anchor, since = self._resume
         else:
             anchor, since = self.source.state_dict(), 0
         return self._tagged({ANCHOR: anchor, SINCE: since})
@@ -247,10 +342,18 @@ class OrderedMapper(ZNode[Any]):
     # -- internals --------------------------------------------------------------------------
     def _fill(self) -> None:
         while not self._exhausted and len(self._tasks) < self.max_in_flight:
-            anchor = self.source.state_dict()
+            size, offset = self.chunk_size, 0
+            if self._resume is not None:
+                # the rest of the chunk the state points into, under that chunk's anchor (with
+                # another chunk size than the state's, one chunk; `since` stays below the maximum)
+                anchor, offset = self._resume
+                self._resume = None
+                size = self.chunk_size - offset if offset < self.chunk_size else min(size, MAX_CHUNK_SIZE - offset)
+            else:
+                anchor = self.source.state_dict()
             items: list[Any] = []
             try:
-                while len(items) < self.chunk_size:
+                while len(items) < size:
                     items.append(next(self.source))
             except StopIteration:
                 self._exhausted = True
@@ -263,11 +366,11 @@ class OrderedMapper(ZNode[Any]):
                     fut = self.pool.submit(_run_chunk, self.fn, self.is_batch, items)
                 except BrokenProcessPool as e:
                     raise self._died(items[0]) from e
-            self._tasks.append(_Task(self._pulled, anchor, items, fut))
+            self._tasks.append(_Task(self._pulled, anchor, items, fut, offset))
             self._pulled += len(items)
 
-    def _died(self, item: Any) -> PipelineError:
-        return PipelineError(
+    def _died(self, item: Any) -> WorkerError:
+        return WorkerError(
             f"{self._where()}: a worker process died (killed by a signal, or out of memory) while "
             f"mapping the chunk starting at {describe_item(item)}. All workers of this pool were "
             "stopped. Check the system log for the OOM killer; a script that starts process workers "
@@ -311,7 +414,7 @@ class OrderedMapper(ZNode[Any]):
             res = self._await(task)
             self._wait += time.perf_counter() - t0
         except cf.TimeoutError:
-            raise PipelineError(
+            raise WorkerError(
                 f"{self._where()}: no result within {self.workers.timeout_s:g} s for the chunk starting "
                 f"at {describe_item(task.items[0])} (source position {task.start}); a worker seems "
                 "hung in the user function. Fix the function, or raise workers.timeout_s if the work "
@@ -323,13 +426,12 @@ class OrderedMapper(ZNode[Any]):
             raise PipelineError(f"{self._where()}: the worker pool was shut down while a task was pending") from None
         if res[0] == "ok":
             return res[1]
-        _, idx, msg, tb, partial = res
+        _, idx, failure, partial = res
         item = task.items[idx]
         self._exhausted = True
         self._cancel_pending()
-        self._error = WorkerError(
-            f"{self._where()}: {msg}\n  while mapping {describe_item(item)} (source position {task.start + idx} of this lane)",
-            tb,
+        self._error = failure.exception(
+            self._where(), f"while mapping {describe_item(item)} (source position {task.start + idx} of this lane)"
         )
         return list(partial)  # the records before the failing one are still delivered, in order
 

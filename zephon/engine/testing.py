@@ -2,7 +2,8 @@
 
 :func:`check_node` is the one helper every node test uses: it runs a node to the end, then
 restores a fresh instance from the state at every step (after a JSON round trip) and checks
-that the rest of the output is identical, that the state keys never change, and that
+that the restored node reports the state it was given, that the rest of the output *and of the
+states* is identical to the uninterrupted run's, that the state keys never change, and that
 ``close()`` leaves no threads or processes behind. :class:`RangeSource` and :class:`ToyPacker`
 are the synthetic source and accumulator the engine's own tests use.
 """
@@ -306,6 +307,29 @@ class NodeCheck:
     max_state_bytes: int = 0
 
 
+def _first_difference(got: Any, want: Any, path: str = "") -> str:
+    """Where two states first differ, as ``path: got != want``."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        for key in sorted(set(got) | set(want), key=str):
+            if key not in got or key not in want:
+                return f"{path}/{key}: present in only one of them"
+            if got[key] != want[key]:
+                return _first_difference(got[key], want[key], f"{path}/{key}")
+    if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            if a != b:
+                return _first_difference(a, b, f"{path}[{i}]")
+    return f"{path or '/'}: {got!r} != {want!r}"
+
+
+def _same_state(node: BaseNode, want: dict[str, Any], when: str) -> None:
+    got = json_roundtrip(node.state_dict())
+    if got != want:
+        raise AssertionError(
+            f"{when}: the state differs from the uninterrupted run's at {_first_difference(got, want)}"
+        )
+
+
 def check_node(
     make: Callable[[], BaseNode],
     *,
@@ -317,9 +341,11 @@ def check_node(
 
     ``make`` builds a fresh, independent node. The reference run is iterated to exhaustion or
     ``max_steps``; then for every ``every``-th step k a fresh node is reset with the state taken
-    after k outputs (JSON round-tripped) and must produce the same next outputs (all of them, or
-    ``compare_steps``). State keys must be the same at every step, and ``close()`` must leave
-    no threads or child processes.
+    after k outputs (JSON round-tripped). The restored node must report exactly that state before
+    its first output, then produce the same next outputs (all of them, or ``compare_steps``) and
+    report the same state as the reference after each of them: a resumed run writes the
+    checkpoints an uninterrupted one writes. State keys must be the same at every step, and
+    ``close()`` must leave no threads or child processes.
 
     >>> check_node(lambda: ToyPacker(RangeSource(10), row_len=4)).steps
     16
@@ -350,6 +376,9 @@ def check_node(
     for k in range(0, len(states), every):
         node = make()
         node.reset(states[k])
+        # a restored node *is* at the state it was given: it reports that state before it yields
+        # (a checkpoint taken right after a resume is the one that was resumed from)
+        _same_state(node, states[k], f"restored from step {k}, before its first output")
         stop = len(hashes) if compare_steps is None else min(len(hashes), k + compare_steps)
         for t in range(k, stop):
             try:
@@ -360,6 +389,8 @@ def check_node(
                 ) from None
             if batch_sha256(out) != hashes[t]:
                 raise AssertionError(f"restored from step {k}: output {t} differs from the uninterrupted run")
+            # and writes the checkpoints the uninterrupted run writes, at every later step
+            _same_state(node, states[t + 1], f"restored from step {k}, after output {t + 1}")
         if compare_steps is None:
             try:
                 next(node)

@@ -122,6 +122,7 @@ def build_lane(p: Prepared, ctx: LaneContext, workers: WorkerConfig | None = Non
             ignore_ids=list(p.special.values()),
             mrope=v.mrope,
             max_doc_tokens=max_doc_tokens(spec),
+            labels=spec.pack.labels,
         )
         return _shuffle(spec, node, ctx.lane, -(-spec.shuffle.buffer // spec.rows_per_lane))  # in micro-batches
     node = Pack(
@@ -132,6 +133,7 @@ def build_lane(p: Prepared, ctx: LaneContext, workers: WorkerConfig | None = Non
         pad_id=p.pad_id,
         max_open=spec.pack.max_open,
         max_doc_tokens=max_doc_tokens(spec),
+        labels=spec.pack.labels,
     )
     fill = pad_row(spec.seq_len, p.pad_id) if spec.end == "pad" else None
     return Batch(_shuffle(spec, node, ctx.lane, spec.shuffle.buffer), batch_size=spec.rows_per_lane, fill=fill)

@@ -56,7 +56,7 @@ class Recipe:
     >>> cfg = {"seed": 1, "lanes": 4, "seq_len": 64, "global_batch_size": 8, "tokenizer": {"path": BUNDLED_TOKENIZER},
     ...        "datasets": [{"name": "web", "path": "web/*.jsonl", "weight": 1.0}]}
     >>> Recipe.from_dict(cfg).rows_per_lane, Recipe.from_dict(cfg).spec.pack
-    (2, PackSpec(algorithm='greedy', flush_every=512, max_open=8))
+    (2, PackSpec(algorithm='greedy', flush_every=512, max_open=8, labels='document'))
     >>> Recipe.from_dict(dict(cfg, shufle={"buffer": 8}))
     Traceback (most recent call last):
     ...

@@ -18,7 +18,7 @@ is taken from VisionConfig). A rule that relates several keys goes with the othe
 rules in :mod:`zephon.recipe.parse`.
 
     >>> keys(PackSpec)
-    ['algorithm', 'flush_every', 'max_open']
+    ['algorithm', 'flush_every', 'max_open', 'labels']
     >>> meta(PackSpec, "flush_every").lo, meta(PackSpec, "flush_every").limit(), PackSpec().flush_every
     (1, 1000000, 512)
 """
@@ -39,7 +39,7 @@ from zephon.engine import WorkerConfig
 from zephon.engine.end import END_MODES
 from zephon.engine.mapper import MAX_CHUNK_SIZE
 from zephon.engine.workers import BACKENDS
-from zephon.nodes import ALGORITHMS, ON_ERROR, POLICIES, VisionConfig, WeightSchedule
+from zephon.nodes import ALGORITHMS, LABELS, ON_ERROR, POLICIES, VisionConfig, WeightSchedule
 
 __all__ = [
     "DATASET_KEYS",
@@ -78,14 +78,17 @@ MIX_BY = ("tokens", "samples")
 #: and keeps the old behaviour for the old version, so a checkpoint written before the change
 #: resumes its own stream with ``data_version = N`` at the top of the recipe (the refusal of a
 #: checkpoint from another version says which N). Version 1: every recipe before the versions.
-DATA_VERSION = 1
+DATA_VERSION = 2
 
 #: Settings whose default depends on the data version: ``(section class name, key) -> {first
 #: version: value}``, e.g. ``("PackSpec", "labels"): {2: "document"}``. The field's own default is
 #: version 1's value, and the field is declared ``new=True``: it enters the data definition only
 #: off that value, so version-1 fingerprints stay. A recipe that gives the key keeps its value
 #: under every version (the parser fills in the versioned default only for keys not given).
-VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {}
+VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {
+    # version 2: labels shifted inside each document, no target crosses a document boundary
+    ("PackSpec", "labels"): {2: "document"},
+}
 
 
 def versioned_default(cls: type, name: str, version: int) -> Any:
@@ -259,6 +262,12 @@ class PackSpec:
         doc="documents packed between flushes of the open rows (part of the data definition)",
     )
     max_open: int = key(8, lo=1, hi="max_open", doc="rows a first/best-fit packer keeps open")
+    labels: str = key(
+        "row",
+        choices=LABELS,
+        new=True,
+        doc='"document": no target crosses a document (TorchTitan 0.3); "row": the whole row shifted',
+    )
 
 
 @dataclass(frozen=True)

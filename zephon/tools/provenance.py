@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from zephon.data import MMRecord, image_header_size
-from zephon.nodes import Provenance, sample_layout
+from zephon.nodes import Provenance, row_spans, sample_layout
 
 from .batch_images import image_blocks, is_multimodal, row_images
 
@@ -72,15 +72,17 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
         )
     p = recipe.prepare()
     prov = batch["provenance"][row]
-    segs = segment_positions({"document_ids": batch["document_ids"][row]})
     blocks: list[dict[str, Any]] = []
     if is_multimodal(batch) and p.special:
         first, grids, _ = row_images(batch, row)
         blocks = image_blocks(batch["input"][row], p.special, grids, first, recipe.vision.patch_size)
     out = []
+    # from the provenance, not document_ids: a document whose only token is the final label
+    # has no input position, but has its row position
+    spans = row_spans(prov)
     for j, entry in enumerate(prov):
         e = Provenance(*(int(v) for v in entry))
-        rowpos = (int(segs[j][0]), int(segs[j][0]) + e.tok_end - e.tok_start) if j < len(segs) else None
+        rowpos = spans[j]
         kind = recipe.datasets[e.dataset].kind
         if kind == "text":
             out.append(_text_provenance(recipe, p, e, rowpos))
