@@ -36,7 +36,7 @@ from typing import Any
 
 from zephon.data import DEFAULT_MAX_RECORD_BYTES, KINDS, TEXT_MODES
 from zephon.engine import BACKENDS, END_MODES, MAX_CHUNK_SIZE, WorkerConfig
-from zephon.nodes import ALGORITHMS, ON_ERROR, POLICIES, VisionConfig, WeightSchedule
+from zephon.nodes import ALGORITHMS, ON_ERROR, POLICIES, SPLIT_MODES, VisionConfig, WeightSchedule
 
 __all__ = [
     "DATASET_KEYS",
@@ -75,14 +75,14 @@ MIX_BY = ("tokens", "samples")
 #: and keeps the old behaviour for the old version, so a checkpoint written before the change
 #: resumes its own stream with ``data_version = N`` at the top of the recipe (the refusal of a
 #: checkpoint from another version says which N). Version 1: every recipe before the versions.
-DATA_VERSION = 1
+DATA_VERSION = 2
 
 #: Settings whose default depends on the data version: ``(section class name, key) -> {first
 #: version: value}``, e.g. ``("PackSpec", "labels"): {2: "document"}``. The field's own default is
 #: version 1's value, and the field is declared ``new=True``: it enters the data definition only
 #: off that value, so version-1 fingerprints stay. A recipe that gives the key keeps its value
 #: under every version (the parser fills in the versioned default only for keys not given).
-VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {}
+VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {("MixingSpec", "split_mode"): {2: "text"}}
 
 
 def versioned_default(cls: type, name: str, version: int) -> Any:
@@ -276,6 +276,12 @@ class MixingSpec:
     # document cannot skew a lane's mix for long (0 = never split)
     split_tokens: int = key(
         0, hi="split_tokens", derived="4 x (seq_len + 1)", doc="longer documents are planned as parts (0 = never)"
+    )
+    # how the parts are made: "text" cuts the document's text at whitespace and tokenizes each
+    # part alone (work and memory proportional to the part, on any lane, worker or rank);
+    # "tokens" tokenizes the whole document for every part and cuts token slices (version 1)
+    split_mode: str = key(
+        "tokens", choices=SPLIT_MODES, new=True, doc='parts cut from the "text" (v2) or from its "tokens" (v1)'
     )
 
 

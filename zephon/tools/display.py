@@ -56,7 +56,15 @@ import numpy as np
 
 from zephon.data import MMRecord, image_header_size
 from zephon.engine import LaneContext, lanes_of_rank, valid_world_sizes
-from zephon.nodes import IGNORE_INDEX, Provenance, VisionConfig, sample_layout
+from zephon.nodes import (
+    IGNORE_INDEX,
+    PartProvenance,
+    Provenance,
+    VisionConfig,
+    part_span,
+    provenance_entry,
+    sample_layout,
+)
 
 __all__ = [
     "MM_BATCH_FIELDS",
@@ -106,7 +114,10 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
     Text documents also have ``chars`` and ``bytes`` (the range of the record's text those
     tokens cover; the bytes are UTF-8 offsets into the text field), ``file_bytes`` (the
     record's byte range in the file, for line formats), ``has_bos`` / ``has_eos``. Re-reading
-    the record, tokenizing it and taking ``tokens`` gives back the segment exactly.
+    the record, tokenizing it and taking ``tokens`` gives back the segment exactly. A part of a
+    long document cut from its text (``[mixing] split_mode = "text"``) has ``part`` = ``(part,
+    parts)`` (else None): its ``tokens`` count in that part's own tokens
+    (:func:`zephon.nodes.part_span` gives its text; BOS on the first part, EOS on the last).
 
     Image-text samples (multimodal batches) have ``key`` (tar shards) or ``row`` (Parquet),
     ``texts`` and ``images``: one dict per caption / text entry and per image of the sample, in
@@ -139,7 +150,7 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
         blocks = image_blocks(batch["input"][row], p.special, grids, first, recipe.vision.patch_size)
     out = []
     for j, entry in enumerate(prov):
-        e = Provenance(*(int(v) for v in entry))
+        e = provenance_entry(entry)
         rowpos = (int(segs[j][0]), int(segs[j][0]) + e.tok_end - e.tok_start) if j < len(segs) else None
         kind = recipe.datasets[e.dataset].kind
         if kind == "text":
@@ -160,16 +171,23 @@ def _covered(tok: Any, text: str, k0: int, k1: int) -> tuple[tuple[int, int], tu
     return chars, (b0, b0 + len(text[chars[0] : chars[1]].encode("utf-8")))
 
 
-def _text_provenance(recipe: Any, p: Any, e: Provenance, rowpos: tuple[int, int] | None) -> dict[str, Any]:
-    d, shard, record, epoch, t0, t1 = e
+def _text_provenance(
+    recipe: Any, p: Any, e: Provenance | PartProvenance, rowpos: tuple[int, int] | None
+) -> dict[str, Any]:
+    d, shard, record, epoch, t0, t1 = e[:6]
     tok = p.tokenizer
     ix = p.indexes[d]
     text = ix.read(shard, [record])[0]
     if not isinstance(text, str):
         raise ValueError(f"record {record} of {ix.shards[shard].path} is no longer readable: {text}")
-    lead = 1 if tok.add_bos else 0
-    n_content = len(tok.encode_content([text])[0])
-    chars, byts = _covered(tok, text, t0 - lead, t1 - lead)
+    # a part cut from the text: its tokens are the part's own (BOS on the first, EOS on the last)
+    part, parts = (e.part, e.parts) if isinstance(e, PartProvenance) else (0, 1)
+    c0, c1 = part_span(text, part, parts) if parts > 1 else (0, len(text))
+    lead = 1 if tok.add_bos and part == 0 else 0
+    n_content = len(tok.encode_content([text[c0:c1]])[0])
+    chars, byts = _covered(tok, text[c0:c1], t0 - lead, t1 - lead)
+    b0 = len(text[:c0].encode("utf-8")) if c0 else 0
+    chars, byts = (chars[0] + c0, chars[1] + c0), (byts[0] + b0, byts[1] + b0)
     loc = ix.locate(shard, record)
     return {
         "dataset": recipe.datasets[d].name,
@@ -180,12 +198,14 @@ def _text_provenance(recipe: Any, p: Any, e: Provenance, rowpos: tuple[int, int]
         "shard": shard,
         "epoch": epoch,
         "tokens": (t0, t1),
+        # (part, parts) of a part cut from the text (tokens count in the part's own), else None
+        "part": (part, parts) if isinstance(e, PartProvenance) else None,
         "chars": chars,
         "bytes": byts,
         "row_positions": rowpos,
         "text": text[chars[0] : chars[1]],
-        "has_bos": t0 == 0 and tok.add_bos,
-        "has_eos": tok.add_eos and t1 == n_content + lead + 1,
+        "has_bos": t0 == 0 and bool(lead),
+        "has_eos": tok.add_eos and part == parts - 1 and t1 == n_content + lead + 1,
         # the record's own bytes in the (decompressed) file, for line formats: re-read them,
         # parse, tokenize (with BOS/EOS) and take tokens[t0:t1] to get this segment back
         "file_bytes": ((loc["byte_offset"], loc["byte_offset"] + loc["byte_length"]) if "byte_offset" in loc else None),
@@ -521,7 +541,9 @@ class BatchView:
 
     def _source_title(self, entry: Sequence[int]) -> str:
         """A segment's source for the HTML tooltip, from the index alone (no read)."""
-        d, shard, record, epoch, t0, t1 = (int(v) for v in entry)
+        e = provenance_entry(entry)
+        d, shard, record, epoch, t0, t1 = e[:6]
+        part = f" of part {e.part + 1}/{e.parts}" if isinstance(e, PartProvenance) else ""
         where = f"shard {shard} · record {record}"
         try:
             if record >= 0:
@@ -529,7 +551,7 @@ class BatchView:
                 where = f"{loc['file']} · {loc['locator']}"
         except Exception:  # display only: fall back to the indices
             pass
-        return f"{where} · epoch {epoch} · tokens {t0}–{t1}"
+        return f"{where} · epoch {epoch} · tokens {t0}–{t1}{part}"
 
     # -- images -------------------------------------------------------------------------------
     def _blocks(self, i: int) -> list[dict[str, Any]]:
