@@ -4,6 +4,7 @@ the tokens the tokenize stage hands on (to the packer, the shuffle window and th
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -117,7 +118,7 @@ def test_parts_tile_the_text_and_carry_bos_and_eos_once(corpus):
     text = ix.read(it.shard, [it.record])[0]
     spans = [part_span(text, i.part, i.parts) for i in parts]
     assert spans[0][0] == 0 and spans[-1][1] == len(text)
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # the parts tile the text
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))  # the parts tile the text
     toks = [d.tokens for d in docs]
     assert toks[0][0] == tok.bos_id and toks[-1][-1] == tok.eos_id
     inner = np.concatenate(toks)[1:-1]

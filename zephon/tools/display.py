@@ -214,11 +214,16 @@ def _text_provenance(
 
 
 def _mm_provenance(
-    recipe: Any, p: Any, kind: str, e: Provenance, rowpos: tuple[int, int] | None, blocks: Sequence[dict[str, Any]]
+    recipe: Any,
+    p: Any,
+    kind: str,
+    e: Provenance | PartProvenance,
+    rowpos: tuple[int, int] | None,
+    blocks: Sequence[dict[str, Any]],
 ) -> dict[str, Any]:
     """An image-text sample's provenance: the sample's layout (BOS, text, vision blocks, EOS, as
     :class:`zephon.nodes.FetchVision` builds it) re-derived from the re-read record."""
-    d, shard, record, epoch, t0, t1 = e
+    d, shard, record, epoch, t0, t1 = e[:6]
     tok = p.tokenizer
     ix = p.indexes[d]
     rec = ix.read(shard, [record])[0]
