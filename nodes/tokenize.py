@@ -71,7 +71,7 @@ def _cut(text: str, i: int, k: int) -> int:
 
 
 def part_span(text: str, part: int, parts: int) -> tuple[int, int]:
-    """The characters ``[start, end)`` of ``text`` that part ``part`` of ``parts`` holds under
+    r"""The characters ``[start, end)`` of ``text`` that part ``part`` of ``parts`` holds under
     the "text" split mode: cuts near ``i/parts`` of the text, moved back (at most
     :data:`PART_SEARCH_CHARS`, and at most half a part) to the start of the whitespace before a
     line break, else before a word, else at the character. A cut is a function of the text and
