@@ -104,8 +104,8 @@ class TokDoc(NamedTuple):
 
 
 class _DocCache:
-    """Recent multi-part documents (their tokens, or the :class:`BadRecord` they read as),
-    shared by the worker threads of a process.
+    """Recent multi-part documents (their tokens, or the :class:`BadRecord` they read as; their
+    texts in the "text" split mode), shared by the worker threads of a process.
 
     The parts of a long document come close together in a lane's stream, often in one chunk or
     in chunks mapped at the same time on different threads. Without coordination each part
@@ -347,7 +347,7 @@ class FetchTokenize(ProcessLocal):
         return out
 
     def cut(self, n: int, i: int, k: int) -> int:
-        """Where part i of k of an n-token document starts. Cuts fall on multiples of ``align``
+        """Where part i of k of an n-token document starts ("tokens" split mode). Cuts fall on multiples of ``align``
         (the row length for packers that never split), so a document that fits a row is never
         cut, whatever the byte-based estimate said; parts may then be empty."""
         a = self.align
