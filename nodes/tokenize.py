@@ -168,7 +168,10 @@ class FetchTokenize(ProcessLocal):
     """``items -> [TokDoc]``: read records (grouped per shard), tokenize them in one batch.
 
     ``on_error[d]`` is "raise" (a bad record stops the run with a message naming dataset, file
-    and record) or "skip" (the record becomes a counted, deterministic skip).
+    and record) or "skip" (the record becomes a counted, deterministic skip). ``split`` is how a
+    long document's parts are made (module doc); ``align`` applies to "tokens" parts only: a
+    "text" part is tokenized alone, so a packer that never splits a document cuts each part into
+    rows of its own (a part's last piece is shorter than a row).
     """
 
     def __init__(
