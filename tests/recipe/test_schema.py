@@ -34,6 +34,7 @@ from zephon.recipe.spec import (
     key,
     keys,
     meta,
+    versioned_default,
 )
 
 MINIMAL = {
@@ -72,9 +73,13 @@ def test_an_empty_section_parses_to_the_dataclass_defaults(cls):
         k = meta(cls, f.name)
         if k.read == "table":
             continue  # a nested section: checked as its own class (and below)
-        if k.derived is None:
-            assert getattr(parsed, f.name) == default, f"{cls.__name__}.{f.name}"
-    assert spec.mixing == dataclasses.replace(MixingSpec(), split_tokens=4 * (64 + 1))  # the one derived here
+        if k.derived is None:  # (a versioned key: its default under the recipe's data version)
+            want = versioned_default(cls, f.name, spec.data_version)
+            assert getattr(parsed, f.name) == want, f"{cls.__name__}.{f.name}"
+    mixing = dataclasses.replace(
+        MixingSpec(), split_mode=versioned_default(MixingSpec, "split_mode", spec.data_version)
+    )
+    assert spec.mixing == dataclasses.replace(mixing, split_tokens=4 * (64 + 1))  # the one derived here
     assert spec.workers == WorkersSpec() and spec.vision == VisionSpec() and spec.end is None
 
 
