@@ -18,10 +18,10 @@ from .batch import Batch
 from .mmpack import MMPack, mm_pad_batch
 from .pack import ALGORITHMS, Pack, pad_row, pad_rows
 from .policy import ON_ERROR, skip_hint
-from .rows import IGNORE_INDEX, LABELS, Provenance, row_spans
+from .rows import IGNORE_INDEX, LABELS, PartProvenance, Provenance, provenance_entry, row_spans
 from .shuffle import WindowShuffle
 from .skips import MAX_DETAIL_ROWS, SkipCounter, lane_share, reason_class
-from .tokenize import FetchTokenize, TokDoc
+from .tokenize import SPLIT_MODES, FetchTokenize, TokDoc, part_span
 from .vision import FetchVision, LayoutSpan, MMDoc, VisionConfig, sample_layout
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
 
@@ -32,6 +32,7 @@ __all__ = [
     "MAX_DETAIL_ROWS",
     "ON_ERROR",
     "POLICIES",
+    "SPLIT_MODES",
     "Batch",
     "DatasetPlan",
     "FetchTokenize",
@@ -41,6 +42,7 @@ __all__ = [
     "MMDoc",
     "MMPack",
     "Pack",
+    "PartProvenance",
     "Provenance",
     "SkipCounter",
     "TokDoc",
@@ -53,6 +55,8 @@ __all__ = [
     "mm_pad_batch",
     "pad_row",
     "pad_rows",
+    "part_span",
+    "provenance_entry",
     "reason_class",
     "row_spans",
     "sample_layout",

@@ -42,7 +42,7 @@ from torchdata.nodes import BaseNode
 
 from zephon.engine import Accumulator
 
-from .rows import IGNORE_INDEX, LABELS, PackingMetrics, Provenance, mask_document_ends
+from .rows import IGNORE_INDEX, LABELS, PackingMetrics, PartProvenance, Provenance, mask_document_ends
 
 __all__ = ["MMPack", "mm_pad_batch"]
 
@@ -241,7 +241,7 @@ class MMPack(PackingMetrics, Accumulator):
         mrope, per_row, labels = a["mrope"], a["per_row"], a["labels"]
         pixels: list[np.ndarray] = []
         grids: list[np.ndarray] = []
-        prov: list[tuple[Provenance, ...]] = []
+        prov: list[tuple[Provenance | PartProvenance, ...]] = []
         for r in range(B):
             pos = 0
             prov.append(tuple(Provenance.of(doc, lo, hi) for doc, lo, hi in self._segs[r]))

@@ -24,14 +24,14 @@ from torchdata.nodes import BaseNode
 from zephon.engine import Accumulator
 
 from .batch import stack_rows
-from .rows import IGNORE_INDEX, LABELS, PackingMetrics, Provenance, mask_document_ends
+from .rows import IGNORE_INDEX, LABELS, PackingMetrics, PartProvenance, Provenance, mask_document_ends
 
 __all__ = ["ALGORITHMS", "Pack", "pad_row", "pad_rows"]
 
 #: packing algorithms: ``greedy`` splits documents across rows; the two others never split one
 ALGORITHMS = ("greedy", "first_fit", "best_fit")
 
-Segment = tuple[np.ndarray, int, Provenance]  # tokens, dataset, provenance
+Segment = tuple[np.ndarray, int, Provenance | PartProvenance]  # tokens, dataset, provenance
 
 
 def pad_row(seq_len: int, pad_id: int = 0) -> dict[str, Any]:
@@ -176,7 +176,7 @@ class Pack(PackingMetrics, Accumulator):
                 self._emit_row(self._bins[0], self.row_len)
                 self._bins, self._used = ([[]], [0]) if pos < n else ([], [])
 
-    def _place(self, piece: np.ndarray, dataset: int, prov: Provenance) -> None:
+    def _place(self, piece: np.ndarray, dataset: int, prov: Provenance | PartProvenance) -> None:
         n = len(piece)
         target = -1
         if self.algorithm == "first_fit":

@@ -15,7 +15,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["IGNORE_INDEX", "LABELS", "PackingMetrics", "Provenance", "mask_document_ends", "row_spans"]
+__all__ = [
+    "IGNORE_INDEX",
+    "LABELS",
+    "PackingMetrics",
+    "PartProvenance",
+    "Provenance",
+    "mask_document_ends",
+    "provenance_entry",
+    "row_spans",
+]
 
 #: the label of a target that is not trained on (PyTorch's cross-entropy default ignore_index)
 IGNORE_INDEX = -100
@@ -51,15 +60,49 @@ class Provenance(NamedTuple):
     tok_end: int
 
     @classmethod
-    def of(cls, doc: Any, lo: int, hi: int) -> Provenance:
+    def of(cls, doc: Any, lo: int, hi: int) -> Provenance | PartProvenance:
         """The provenance of tokens ``lo:hi`` of ``doc`` (a document or sample with ``dataset``,
         an optional ``item`` (:class:`~zephon.nodes.WorkItem`) and ``offset``, the index of its
-        first token in the whole record)."""
+        first token in the whole record). A part cut from a document's text (``doc.text_part``)
+        has a :class:`PartProvenance`."""
         item = getattr(doc, "item", None)
         off = int(getattr(doc, "offset", 0) or 0)
         if item is None:
             return cls(int(doc.dataset), -1, -1, -1, off + int(lo), off + int(hi))
-        return cls(int(item.dataset), int(item.shard), int(item.record), int(item.epoch), off + int(lo), off + int(hi))
+        where = (int(item.dataset), int(item.shard), int(item.record), int(item.epoch), off + int(lo), off + int(hi))
+        if getattr(doc, "text_part", False):
+            return PartProvenance(*where, int(item.part), int(item.parts))
+        return cls(*where)
+
+
+class PartProvenance(NamedTuple):
+    """Where a segment comes from when it is a part of a long document cut from its text
+    (``[mixing] split_mode = "text"``): the fields of :class:`Provenance`, with
+    ``tok_start:tok_end`` counted in the tokens of part ``part`` of ``parts`` (BOS on the first
+    part only, EOS on the last only); :func:`zephon.nodes.part_span` gives the part's text.
+
+    >>> PartProvenance(0, 3, 17, 1, 0, 5, 2, 9)[-2:]
+    (2, 9)
+    """
+
+    dataset: int
+    shard: int
+    record: int
+    epoch: int
+    tok_start: int
+    tok_end: int
+    part: int
+    parts: int
+
+
+def provenance_entry(entry: Any) -> Provenance | PartProvenance:
+    """A batch's provenance entry (6 ints, or 8 for a part cut from the text) as its named tuple.
+
+    >>> provenance_entry([0, 3, 17, 1, 42, 45]).tok_start, provenance_entry([0, 3, 17, 1, 0, 5, 2, 9]).part
+    (42, 2)
+    """
+    vals = [int(v) for v in entry]
+    return PartProvenance(*vals) if len(vals) == 8 else Provenance(*vals)
 
 
 def row_spans(provenance: Iterable[Any]) -> list[tuple[int, int]]:

@@ -5,12 +5,30 @@ turns a chunk of :class:`zephon.worksource.WorkItem` into :class:`TokDoc` s, rea
 records from their shards (grouped per shard) and tokenizing them with one batched call. It is
 picklable (datasets and tokenizer travel as small handles) and caches itself per process, so
 process workers load the tokenizer once.
+
+Long documents are planned as parts (:class:`zephon.worksource.DatasetPlan`). How a part is made
+is the ``split`` mode (``[mixing] split_mode``):
+
+* ``"text"`` (data version 2): part ``i`` of ``k`` is a range of the document's *text*, cut at a
+  whitespace boundary near ``i/k`` of it (:func:`part_span`), and tokenized on its own (BOS on
+  the first part only, EOS on the last only). Any worker of any lane or rank makes its part with
+  tokenizer work and memory proportional to the part: a document is tokenized once per pass,
+  whatever the lane count, worker mode or world size. Only the (cheap) read of the record is
+  shared, through a small per-process text cache.
+* ``"tokens"`` (data version 1): every part tokenizes the whole document and cuts its token
+  slice. A per-process cache of whole-document tokens avoids repeating that while the parts are
+  near, but no cache is shared by processes, and a lane that has delivered a few parts of a
+  long document has paid for all of it (measured: 6.4x the tokens delivered at 16 lanes).
+
+Measured on the 2-core machine (``benchmarks/work.py``): "text" needs 1.00 token tokenized per
+token delivered at 1 to 256 lanes; see ``benchmarks/results/work.md``.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -24,7 +42,49 @@ from zephon.engine import ProcessLocal
 from .policy import ON_ERROR, skip_hint
 from .worksource import WorkItem
 
-__all__ = ["FetchTokenize", "TokDoc"]
+__all__ = ["SPLIT_MODES", "FetchTokenize", "TokDoc", "part_span"]
+
+#: how a long document's parts are made (see the module doc): from its "text" or its "tokens"
+SPLIT_MODES = ("tokens", "text")
+
+#: how far before a part's nominal start :func:`part_span` looks for a line or word boundary
+PART_SEARCH_CHARS = 2048
+
+
+def _cut(text: str, i: int, k: int) -> int:
+    """Where part ``i`` of ``k`` of ``text`` starts (see :func:`part_span`)."""
+    n = len(text)
+    if i <= 0:
+        return 0
+    if i >= k:
+        return n
+    t = i * n // k
+    lo = max(0, t - min(PART_SEARCH_CHARS, n // k // 2))
+    j = text.rfind("\n", lo, t + 1)
+    if j < 0:
+        j = max(text.rfind(" ", lo, t + 1), text.rfind("\t", lo, t + 1))
+    if j < 0:
+        return t  # no whitespace near: a text without spaces is cut at the character
+    while j > lo and text[j - 1].isspace():  # the start of the whitespace run
+        j -= 1
+    return j
+
+
+def part_span(text: str, part: int, parts: int) -> tuple[int, int]:
+    r"""The characters ``[start, end)`` of ``text`` that part ``part`` of ``parts`` holds under
+    the "text" split mode: cuts near ``i/parts`` of the text, moved back (at most
+    :data:`PART_SEARCH_CHARS`, and at most half a part) to the start of the whitespace before a
+    line break, else before a word, else at the character. A cut is a function of the text and
+    ``(i, parts)`` alone, so a part's end is the next part's start, on any worker: the parts
+    tile the text. Cutting before whitespace keeps the tokens of byte-level BPE pre-tokenizers
+    (whitespace runs attach to the next word) the same as the whole text's, except at most one
+    merge at each cut.
+
+    >>> text = "one two\nthree four five\nsix"
+    >>> [text[slice(*part_span(text, i, 3))] for i in range(3)]
+    ['one two', '\nthree four', ' five\nsix']
+    """
+    return _cut(text, part, parts), _cut(text, part + 1, parts)
 
 
 class TokDoc(NamedTuple):
@@ -35,6 +95,7 @@ class TokDoc(NamedTuple):
     item: WorkItem
     skipped: str | None = None  # reason, when the record was bad and the policy is "skip"
     offset: int = 0  # index of tokens[0] in the whole document's tokens (parts of long documents)
+    text_part: bool = False  # a part cut from the text: ``offset`` counts in the part's own tokens
 
     @property
     def provenance(self) -> str:
@@ -43,8 +104,8 @@ class TokDoc(NamedTuple):
 
 
 class _DocCache:
-    """Recent multi-part documents (their tokens, or the :class:`BadRecord` they read as),
-    shared by the worker threads of a process.
+    """Recent multi-part documents (their tokens, or the :class:`BadRecord` they read as; their
+    texts in the "text" split mode), shared by the worker threads of a process.
 
     The parts of a long document come close together in a lane's stream, often in one chunk or
     in chunks mapped at the same time on different threads. Without coordination each part
@@ -55,8 +116,9 @@ class _DocCache:
     (always the newest one).
     """
 
-    def __init__(self, size: int, max_bytes: int = 512 << 20) -> None:
+    def __init__(self, size: int, max_bytes: int = 512 << 20, sizeof: Any = None) -> None:
         self.size, self.max_bytes, self._lock = size, max_bytes, threading.Lock()
+        self._sizeof = sizeof or (lambda v: getattr(v, "nbytes", 0))
         self._d: collections.OrderedDict[Any, Any] = collections.OrderedDict()
         self._bytes = 0
         self._pending: dict[Any, threading.Event] = {}  # key -> Event while a caller reads it
@@ -84,12 +146,12 @@ class _DocCache:
         with self._lock:
             old = self._d.pop(key, None)
             if old is not None:
-                self._bytes -= getattr(old, "nbytes", 0)
+                self._bytes -= self._sizeof(old)
             self._d[key] = value
-            self._bytes += getattr(value, "nbytes", 0)
+            self._bytes += self._sizeof(value)
             while len(self._d) > 1 and (len(self._d) > self.size or self._bytes > self.max_bytes):
                 _, gone = self._d.popitem(last=False)
-                self._bytes -= getattr(gone, "nbytes", 0)
+                self._bytes -= self._sizeof(gone)
             ev = self._pending.pop(key, None)
         if ev is not None:
             ev.set()
@@ -106,7 +168,10 @@ class FetchTokenize(ProcessLocal):
     """``items -> [TokDoc]``: read records (grouped per shard), tokenize them in one batch.
 
     ``on_error[d]`` is "raise" (a bad record stops the run with a message naming dataset, file
-    and record) or "skip" (the record becomes a counted, deterministic skip).
+    and record) or "skip" (the record becomes a counted, deterministic skip). ``split`` is how a
+    long document's parts are made (module doc); ``align`` applies to "tokens" parts only: a
+    "text" part is tokenized alone, so a packer that never splits a document cuts each part into
+    rows of its own (a part's last piece is shorter than a row).
     """
 
     def __init__(
@@ -115,6 +180,7 @@ class FetchTokenize(ProcessLocal):
         tokenizer: TextTokenizer,
         on_error: Sequence[str] | None = None,
         align: int = 1,
+        split: str = "tokens",
     ) -> None:
         self.datasets = list(datasets)
         self.align = int(align)
@@ -123,9 +189,17 @@ class FetchTokenize(ProcessLocal):
         for p in self.on_error:
             if p not in ON_ERROR:
                 raise ValueError(f"on_error must be one of {ON_ERROR}, got {p!r}")
+        if split not in SPLIT_MODES:
+            raise ValueError(f"split must be one of {SPLIT_MODES}, got {split!r}")
+        self.split = split
         ProcessLocal.__init__(self)
 
-    _transient = ("_parts_cache",)
+    _transient = ("_parts_cache", "_text_cache")
+
+    #: texts of multi-part records kept per process ("text" mode): a part re-reads its record
+    #: only when the record left this cache (a read is ~1/400 of tokenizing the record here)
+    TEXT_CACHE_DOCS = 64
+    TEXT_CACHE_BYTES = 256 << 20
 
     def fetch(self, items: Sequence[WorkItem]) -> list[Any]:
         """Texts (or BadRecord) of ``items``, in order; one read per (dataset, shard) group (a
@@ -140,6 +214,8 @@ class FetchTokenize(ProcessLocal):
         return out
 
     def __call__(self, items: list[WorkItem]) -> list[TokDoc]:
+        if self.split == "text":
+            return self._text_parts(items)
         docs = self._documents(items)
         out: list[TokDoc] = []
         empty = np.zeros(0, dtype=np.int32)
@@ -166,6 +242,60 @@ class FetchTokenize(ProcessLocal):
                 out[i] = toks
         return out
 
+    def _text_parts(self, items: Sequence[WorkItem]) -> list[TokDoc]:
+        """The "text" split mode: each item's text (its record's, or its part's range of it),
+        tokenized in one batched call; BOS only on a first part, EOS only on a last part."""
+        texts = self._texts(items)
+        out: list[Any] = [None] * len(items)
+        whole: list[int] = []  # items that are whole documents
+        cut: list[int] = []  # items that are parts of a long one
+        pieces: list[str] = []
+        for j, (it, text) in enumerate(zip(items, texts)):
+            if isinstance(text, BadRecord):
+                if self.on_error[it.dataset] == "raise":
+                    raise text.to_error(skip_hint(self.datasets[it.dataset].name))
+                out[j] = TokDoc(np.zeros(0, dtype=np.int32), it.dataset, it, f"{text.locator}: {text.reason}")
+            elif it.parts <= 1:
+                whole.append(j)
+            else:
+                cut.append(j)
+                pieces.append(text[slice(*part_span(text, it.part, it.parts))])
+        tok = self.tokenizer
+        if whole:
+            for j, toks in zip(whole, tok.encode_batch([texts[j] for j in whole])):
+                out[j] = TokDoc(toks, items[j].dataset, items[j])
+        if cut:
+            for j, ids in zip(cut, tok.encode_content(pieces)):
+                it = items[j]
+                bos = tok.add_bos and it.part == 0
+                eos = tok.add_eos and it.part == it.parts - 1
+                if bos or eos:
+                    a = np.empty(len(ids) + bos + eos, dtype=np.int32)
+                    a[bos : bos + len(ids)] = ids
+                    if bos:
+                        a[0] = tok.bos_id or 0
+                    if eos:
+                        a[-1] = tok.eos_id or 0
+                    ids = a
+                out[j] = TokDoc(ids, it.dataset, it, text_part=True)
+        return out
+
+    def _texts(self, items: Sequence[WorkItem]) -> list[Any]:
+        """Each item's record text (or BadRecord): one read per record within the call, and a
+        multi-part record once per process while it stays in the text cache."""
+        cache = self.__dict__.get("_text_cache")
+        if cache is None:
+            cache = self.__dict__.setdefault(
+                "_text_cache", _DocCache(self.TEXT_CACHE_DOCS, self.TEXT_CACHE_BYTES, sys.getsizeof)
+            )
+
+        def read(sub: Sequence[WorkItem]) -> list[Any]:
+            keys = list(dict.fromkeys((it.dataset, it.shard, it.record) for it in sub))
+            texts = dict(zip(keys, self.fetch([WorkItem(d, s, r, 0, 0) for d, s, r in keys])))
+            return [texts[it.dataset, it.shard, it.record] for it in sub]
+
+        return self._shared(items, read, cache)
+
     def _documents(self, items: Sequence[WorkItem]) -> list[Any]:
         """Tokens (or BadRecord) of each item's whole document. A multi-part document is read and
         tokenized once per process while its parts are near (within a chunk, across concurrent
@@ -173,6 +303,12 @@ class FetchTokenize(ProcessLocal):
         cache = self.__dict__.get("_parts_cache")
         if cache is None:
             cache = self.__dict__.setdefault("_parts_cache", _DocCache(64))
+        return self._shared(items, self._read_encode, cache)
+
+    @staticmethod
+    def _shared(items: Sequence[WorkItem], load: Any, cache: _DocCache) -> list[Any]:
+        """``load(items)`` for each item, a multi-part record's value loaded once per process
+        while it stays in ``cache`` (claimed, so concurrent callers wait instead of loading it)."""
         out: list[Any] = [None] * len(items)
         here: list[int] = []  # items whose record is read here
         owned: dict[Any, int] = {}  # key -> the item that reads it (claimed by us)
@@ -196,7 +332,7 @@ class FetchTokenize(ProcessLocal):
                 out[j] = got
         try:
             if here:
-                for j, doc in zip(here, self._read_encode([items[j] for j in here])):
+                for j, doc in zip(here, load([items[j] for j in here])):
                     out[j] = doc
             for key, j in owned.items():
                 cache.put(key, out[j])
@@ -209,16 +345,19 @@ class FetchTokenize(ProcessLocal):
             ev.wait()
             doc = cache.get(key)
             if doc is None:  # evicted already, or the owner failed: read it here
-                doc = self._read_encode([items[j]])[0]
+                doc = load([items[j]])[0]
             out[j] = doc
         return out
 
     def cut(self, n: int, i: int, k: int) -> int:
-        """Where part i of k of an n-token document starts. Cuts fall on multiples of ``align``
+        """Where part i of k of an n-token document starts ("tokens" split mode). Cuts fall on multiples of ``align``
         (the row length for packers that never split), so a document that fits a row is never
         cut, whatever the byte-based estimate said; parts may then be empty."""
         a = self.align
         return min(n, -(-(i * n // k) // a) * a) if a > 1 else i * n // k
 
     def __repr__(self) -> str:
-        return f"FetchTokenize(datasets={[d.name for d in self.datasets]}, tokenizer={self.tokenizer!r})"
+        return (
+            f"FetchTokenize(datasets={[d.name for d in self.datasets]}, tokenizer={self.tokenizer!r}, "
+            f"split={self.split!r})"
+        )

@@ -13,7 +13,13 @@ tokens in the current schedule phase are furthest below its weight (a determinis
 rule: no random draw, so shares converge within one document's tokens). Records estimated
 longer than ``split_tokens`` are planned as several parts (consecutive token slices of the
 document, each delivered once), so one huge document cannot swing a lane's mix for hundreds of
-steps. Weights may change at
+steps. The parts of a record are drawn by the lane that drew the record, in order (interleaved
+with its other datasets' draws); the tokenize stage makes each part on its own
+(:mod:`zephon.nodes.tokenize`: under ``[mixing] split_mode = "text"`` from its range of the text,
+so the work is the part's, on whichever worker gets it). Planning the parts from their text
+rather than handing a whole document to one place (tokenized once, its tokens held until the
+last part is out) keeps memory per lane at one part instead of one document (up to
+``max_record_bytes``), and the first batch waits for one part per lane, not one document. Weights may change at
 given steps (a curriculum); a lane knows its step from its own estimated token count. The
 lane's state is a few integers per dataset.
 """

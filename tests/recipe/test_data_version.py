@@ -54,9 +54,10 @@ def test_versioned_default_applies_only_when_not_given(recipe_path, monkeypatch)
     new = _bump(monkeypatch, {("PackSpec", "max_open"): 3})
     r = Recipe.from_toml(recipe_path)
     assert r.spec.data_version == new and r.spec.pack.max_open == 3
-    assert r.replace(data_version=1).spec.pack.max_open == old.spec.pack.max_open
+    assert r.replace(data_version=DATA_VERSION).spec.pack.max_open == old.spec.pack.max_open
     assert r.replace(pack={"max_open": 5, "algorithm": "greedy", "flush_every": 32}).spec.pack.max_open == 5
     assert r.replace(data_version=1).fingerprint == old_v1.fingerprint
+    assert r.replace(data_version=DATA_VERSION).fingerprint == old.fingerprint
 
 
 def test_checkpoint_of_older_version_names_the_setting_and_resumes(recipe_path, monkeypatch):

@@ -69,14 +69,16 @@ def test_an_empty_section_parses_to_the_dataclass_defaults(cls):
     for f in dataclasses.fields(cls):
         if _no_default(f):
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         k = meta(cls, f.name)
         if k.read == "table":
             continue  # a nested section: checked as its own class (and below)
         if k.derived is None:  # (a versioned key: its default under the recipe's data version)
-            want = versioned_default(cls, f.name, spec.data_version) if cls is not RecipeSpec else default
+            want = versioned_default(cls, f.name, spec.data_version)
             assert getattr(parsed, f.name) == want, f"{cls.__name__}.{f.name}"
-    assert spec.mixing == dataclasses.replace(MixingSpec(), split_tokens=4 * (64 + 1))  # the one derived here
+    mixing = dataclasses.replace(
+        MixingSpec(), split_mode=versioned_default(MixingSpec, "split_mode", spec.data_version)
+    )
+    assert spec.mixing == dataclasses.replace(mixing, split_tokens=4 * (64 + 1))  # the one derived here
     assert spec.workers == WorkersSpec() and spec.vision == VisionSpec() and spec.end is None
 
 

@@ -49,7 +49,7 @@ def test_hashes_across_world_sizes_and_resume(recipe_path, tmp_path):
 
 
 def test_inspect(recipe_path):
-    out = zephon("inspect", recipe_path, "--show", 2, "--world-size", 2)
+    out = zephon("inspect", recipe_path, "--show", 8, "--world-size", 2)  # rows with a document boundary
     assert out.returncode == 0, out.stderr
     for needle in (
         "web",

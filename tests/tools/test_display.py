@@ -10,6 +10,7 @@ import pytest
 from text_fixtures import write_corpus, write_recipe
 
 from zephon import Recipe
+from zephon.nodes import part_span
 from zephon.tools.display import provenance, show
 
 
@@ -108,7 +109,13 @@ def test_provenance_reproduces_tokens_from_cited_bytes(corpus):
                 import pyarrow.parquet as pq
 
                 text = pq.read_table(seg["file"], columns=["text"]).column("text")[seg["record"]].as_py()
-            again = tok.encode_batch([text])[0][t0:t1]
+            if seg["part"] is not None:  # a part cut from the text: its own tokens, BOS/EOS at the ends only
+                part, parts = seg["part"]
+                ids = tok.encode_content([text[slice(*part_span(text, part, parts))]])[0]
+                ids = np.r_[[tok.bos_id] * (part == 0), ids, [tok.eos_id] * (part == parts - 1)]
+                again = ids.astype(np.int32)[t0:t1]
+            else:
+                again = tok.encode_batch([text])[0][t0:t1]
             assert seg["row_positions"] == (offset, offset + len(again))  # the final label slot too
             piece = full[offset : offset + len(again)]  # one short where the final label is unknown
             assert (again[: len(piece)] == piece).all(), (row, seg["file"], seg["locator"])

@@ -152,7 +152,7 @@ def test_errors_and_recipe_differences(recipes, tmp_path):
     assert recipe_differences(a, a) == []
     # split_tokens defaults to 4 x (seq_len + 1): both show
     assert recipe_differences(a, a.replace(seq_len=32)) == [
-        "mixing: ['tokens', 256, 260] -> ['tokens', 256, 132]",
+        "mixing: ['tokens', 256, 260, {'split_mode': 'text'}] -> ['tokens', 256, 132, {'split_mode': 'text'}]",
         "seq_len: 64 -> 32",
     ]
 

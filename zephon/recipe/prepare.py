@@ -429,7 +429,9 @@ def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
     else:
         align = 1 if spec.pack.algorithm == "greedy" else spec.seq_len + 1
         # a recipe without image-text datasets has text indexes only
-        fetch = FetchTokenize(cast("Sequence[DatasetIndex]", indexes), tok, on_error, align=align)
+        fetch = FetchTokenize(
+            cast("Sequence[DatasetIndex]", indexes), tok, on_error, align=align, split=spec.mixing.split_mode
+        )
     return Prepared(
         spec=spec,
         indexes=indexes,

@@ -39,7 +39,7 @@ from zephon.engine import WorkerConfig
 from zephon.engine.end import END_MODES
 from zephon.engine.mapper import MAX_CHUNK_SIZE
 from zephon.engine.workers import BACKENDS
-from zephon.nodes import ALGORITHMS, LABELS, ON_ERROR, POLICIES, VisionConfig, WeightSchedule
+from zephon.nodes import ALGORITHMS, LABELS, ON_ERROR, POLICIES, SPLIT_MODES, VisionConfig, WeightSchedule
 
 __all__ = [
     "DATASET_KEYS",
@@ -88,6 +88,8 @@ DATA_VERSION = 2
 VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {
     # version 2: labels shifted inside each document, no target crosses a document boundary
     ("PackSpec", "labels"): {2: "document"},
+    # version 2: a long document's parts are cut from its text, so it is tokenized once
+    ("MixingSpec", "split_mode"): {2: "text"},
 }
 
 
@@ -288,6 +290,12 @@ class MixingSpec:
     # document cannot skew a lane's mix for long (0 = never split)
     split_tokens: int = key(
         0, hi="split_tokens", derived="4 x (seq_len + 1)", doc="longer documents are planned as parts (0 = never)"
+    )
+    # how the parts are made: "text" cuts the document's text at whitespace and tokenizes each
+    # part alone (work and memory proportional to the part, on any lane, worker or rank);
+    # "tokens" tokenizes the whole document for every part and cuts token slices (version 1)
+    split_mode: str = key(
+        "tokens", choices=SPLIT_MODES, new=True, doc='parts cut from the "text" (v2) or from its "tokens" (v1)'
     )
 
 

@@ -53,7 +53,7 @@ import numpy as np
 
 from zephon.engine import LaneContext
 from zephon.engine.lanes import divisors, lanes_of_rank
-from zephon.nodes import IGNORE_INDEX, VisionConfig
+from zephon.nodes import IGNORE_INDEX, PartProvenance, VisionConfig, provenance_entry
 
 from .batch_images import (
     MM_BATCH_FIELDS,
@@ -139,7 +139,9 @@ class BatchView:
 
     def _source_title(self, entry: Sequence[int]) -> str:
         """A segment's source for the HTML tooltip, from the index alone (no read)."""
-        d, shard, record, epoch, t0, t1 = (int(v) for v in entry)
+        e = provenance_entry(entry)
+        d, shard, record, epoch, t0, t1 = e[:6]
+        part = f" of part {e.part + 1}/{e.parts}" if isinstance(e, PartProvenance) else ""
         where = f"shard {shard} · record {record}"
         try:
             if record >= 0:
@@ -147,7 +149,7 @@ class BatchView:
                 where = f"{loc['file']} · {loc['locator']}"
         except Exception:  # display only: fall back to the indices
             pass
-        return f"{where} · epoch {epoch} · tokens {t0}–{t1}"
+        return f"{where} · epoch {epoch} · tokens {t0}–{t1}{part}"
 
     # -- images -------------------------------------------------------------------------------
     def _blocks(self, i: int) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from zephon.data import MMRecord, image_header_size
-from zephon.nodes import Provenance, row_spans, sample_layout
+from zephon.nodes import PartProvenance, Provenance, part_span, provenance_entry, row_spans, sample_layout
 
 from .batch_images import image_blocks, is_multimodal, row_images
 
@@ -81,7 +81,7 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
     # has no input position, but has its row position
     spans = row_spans(prov)
     for j, entry in enumerate(prov):
-        e = Provenance(*(int(v) for v in entry))
+        e = provenance_entry(entry)
         rowpos = spans[j]
         kind = recipe.datasets[e.dataset].kind
         if kind == "text":
@@ -102,16 +102,23 @@ def _covered(tok: Any, text: str, k0: int, k1: int) -> tuple[tuple[int, int], tu
     return chars, (b0, b0 + len(text[chars[0] : chars[1]].encode("utf-8")))
 
 
-def _text_provenance(recipe: Any, p: Any, e: Provenance, rowpos: tuple[int, int] | None) -> dict[str, Any]:
-    d, shard, record, epoch, t0, t1 = e
+def _text_provenance(
+    recipe: Any, p: Any, e: Provenance | PartProvenance, rowpos: tuple[int, int] | None
+) -> dict[str, Any]:
+    d, shard, record, epoch, t0, t1 = e[:6]
     tok = p.tokenizer
     ix = p.indexes[d]
     text = ix.read(shard, [record])[0]
     if not isinstance(text, str):
         raise ValueError(f"record {record} of {ix.shards[shard].path} is no longer readable: {text}")
-    lead = 1 if tok.add_bos else 0
-    n_content = len(tok.encode_content([text])[0])
-    chars, byts = _covered(tok, text, t0 - lead, t1 - lead)
+    # a part cut from the text: its tokens are the part's own (BOS on the first, EOS on the last)
+    part, parts = (e.part, e.parts) if isinstance(e, PartProvenance) else (0, 1)
+    c0, c1 = part_span(text, part, parts) if parts > 1 else (0, len(text))
+    lead = 1 if tok.add_bos and part == 0 else 0
+    n_content = len(tok.encode_content([text[c0:c1]])[0])
+    chars, byts = _covered(tok, text[c0:c1], t0 - lead, t1 - lead)
+    b0 = len(text[:c0].encode("utf-8")) if c0 else 0
+    chars, byts = (chars[0] + c0, chars[1] + c0), (byts[0] + b0, byts[1] + b0)
     loc = ix.locate(shard, record)
     return {
         "dataset": recipe.datasets[d].name,
@@ -122,12 +129,14 @@ def _text_provenance(recipe: Any, p: Any, e: Provenance, rowpos: tuple[int, int]
         "shard": shard,
         "epoch": epoch,
         "tokens": (t0, t1),
+        # (part, parts) of a part cut from the text (tokens count in the part's own), else None
+        "part": (part, parts) if isinstance(e, PartProvenance) else None,
         "chars": chars,
         "bytes": byts,
         "row_positions": rowpos,
         "text": text[chars[0] : chars[1]],
-        "has_bos": t0 == 0 and tok.add_bos,
-        "has_eos": tok.add_eos and t1 == n_content + lead + 1,
+        "has_bos": t0 == 0 and bool(lead),
+        "has_eos": tok.add_eos and part == parts - 1 and t1 == n_content + lead + 1,
         # the record's own bytes in the (decompressed) file, for line formats: re-read them,
         # parse, tokenize (with BOS/EOS) and take tokens[t0:t1] to get this segment back
         "file_bytes": ((loc["byte_offset"], loc["byte_offset"] + loc["byte_length"]) if "byte_offset" in loc else None),
@@ -136,11 +145,16 @@ def _text_provenance(recipe: Any, p: Any, e: Provenance, rowpos: tuple[int, int]
 
 
 def _mm_provenance(
-    recipe: Any, p: Any, kind: str, e: Provenance, rowpos: tuple[int, int] | None, blocks: Sequence[dict[str, Any]]
+    recipe: Any,
+    p: Any,
+    kind: str,
+    e: Provenance | PartProvenance,
+    rowpos: tuple[int, int] | None,
+    blocks: Sequence[dict[str, Any]],
 ) -> dict[str, Any]:
     """An image-text sample's provenance: the sample's layout (BOS, text, vision blocks, EOS, as
     :class:`zephon.nodes.FetchVision` builds it) re-derived from the re-read record."""
-    d, shard, record, epoch, t0, t1 = e
+    d, shard, record, epoch, t0, t1 = e[:6]
     tok = p.tokenizer
     rec, loc, sources = _reread(p.indexes[d], shard, record)
     layout, row_blocks = _layout(recipe, tok, rec, t0, rowpos, blocks)
