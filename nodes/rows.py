@@ -119,7 +119,7 @@ def row_spans(provenance: Iterable[Any]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     pos = 0
     for entry in provenance:
-        p = Provenance(*(int(v) for v in entry))
+        p = provenance_entry(entry)  # 6 ints, or 8 for a part cut from the text
         n = p.tok_end - p.tok_start
         out.append((pos, pos + n))
         pos += n
