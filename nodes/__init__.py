@@ -20,7 +20,7 @@ from .pack import ALGORITHMS, Pack, pad_row, pad_rows
 from .policy import ON_ERROR, skip_hint
 from .rows import IGNORE_INDEX, Provenance
 from .shuffle import WindowShuffle
-from .skips import MAX_DETAIL_ROWS, SkipCounter, lane_share, reason_class
+from .skips import MAX_DETAIL_ROWS, SKIP_SHARE_WARNING, SkipCounter, SkipShareWarning, lane_share, reason_class
 from .tokenize import FetchTokenize, TokDoc
 from .vision import FetchVision, LayoutSpan, MMDoc, VisionConfig, sample_layout
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
@@ -31,6 +31,7 @@ __all__ = [
     "MAX_DETAIL_ROWS",
     "ON_ERROR",
     "POLICIES",
+    "SKIP_SHARE_WARNING",
     "Batch",
     "DatasetPlan",
     "FetchTokenize",
@@ -42,6 +43,7 @@ __all__ = [
     "Pack",
     "Provenance",
     "SkipCounter",
+    "SkipShareWarning",
     "TokDoc",
     "VisionConfig",
     "WeightSchedule",

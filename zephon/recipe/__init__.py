@@ -12,13 +12,14 @@ rules), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the 
 from .build import RecipeLanes, build_lane
 from .migrations import LANE_MIGRATIONS
 from .parse import parse_recipe
-from .prepare import Prepared, TokenEstimate, estimate_tokens, prepare
+from .prepare import BadSamplesWarning, Prepared, TokenEstimate, bad_samples_message, estimate_tokens, prepare
 from .recipe import Recipe
 from .runtime import RankBatches
 from .spec import (
     DATA_VERSION,
     LIMITS,
     DatasetSpec,
+    MemoryBudget,
     MixingSpec,
     PackSpec,
     RecipeError,
@@ -34,7 +35,9 @@ __all__ = [
     "DATA_VERSION",
     "LANE_MIGRATIONS",
     "LIMITS",
+    "BadSamplesWarning",
     "DatasetSpec",
+    "MemoryBudget",
     "MixingSpec",
     "PackSpec",
     "Prepared",
@@ -48,6 +51,7 @@ __all__ = [
     "TokenizerSpec",
     "VisionSpec",
     "WorkersSpec",
+    "bad_samples_message",
     "build_lane",
     "estimate_tokens",
     "max_workers",

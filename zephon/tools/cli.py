@@ -30,7 +30,7 @@ from zephon.engine import (
     load_state,
     save_state,
 )
-from zephon.recipe import RankBatches, Recipe, RecipeError, max_workers
+from zephon.recipe import RankBatches, Recipe, RecipeError, bad_samples_message, max_workers
 
 from .demo import demo_recipe
 from .display import describe_plan, format_batch_rows, format_row
@@ -265,6 +265,33 @@ def _add_demo_and_hashes(sub: Any, common: argparse.ArgumentParser) -> None:
     )
 
 
+#: a realized token share this far (absolute) from the declared one is reported as a warning
+SHARE_DRIFT = 0.05
+
+
+def share_report(recipe: Recipe, realized: Any, steps: int) -> list[str]:
+    """Declared vs realized token shares of the first ``steps`` steps, and a warning line for
+    each dataset whose realized share drifts from its declared one by more than
+    :data:`SHARE_DRIFT` (skipped records deliver no tokens; by = "samples" weighs samples)."""
+    w = np.asarray(recipe.schedule.weights(0), dtype=np.float64)
+    declared = w / w.sum()
+    names = [d.name for d in recipe.datasets]
+    out = [
+        "declared vs realized token shares: "
+        + ", ".join(f"{n} {d:.3f} -> {r:.3f}" for n, d, r in zip(names, declared, realized))
+    ]
+    if recipe.spec.mixing.by != "tokens":
+        return out  # weights are shares of samples: token shares differ by design
+    for n, d, r, s in zip(names, declared, realized, recipe.datasets):
+        if abs(r - d) > SHARE_DRIFT:
+            why = " (its bad records are skipped: they deliver no tokens)" if s.on_error == "skip" else ""
+            out.append(
+                f"warning: dataset {n!r}: realized token share {r:.3f} over the first {steps} steps, declared "
+                f"{d:.3f}{why}; over so few steps a share drifts by up to a document per lane"
+            )
+    return out
+
+
 def _add_inspect(sub: Any, common: argparse.ArgumentParser) -> None:
     i = sub.add_parser(
         "inspect", help="show the plan: datasets, token shares, lanes; --show N decoded rows", parents=[common]
@@ -361,7 +388,12 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 0
     if args.cmd == "inspect":
         print(describe_plan(recipe, args.world_size))
-        recipe.prepare()
+        world = args.world_size or 1
+        print(recipe.memory_budget().describe(recipe.lanes // world, recipe.prefetch_depth(world)))
+        for s, est in zip(recipe.datasets, recipe.estimates.values()):
+            said = bad_samples_message(s, est)
+            if said is not None:
+                print(f"warning: {said}")
         names = [d.name for d in recipe.datasets]
         with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
             batches = [next(g) for _ in range(args.measure_steps)]
@@ -374,6 +406,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             f"packing efficiency over the first {len(batches)} steps: {valid / max(total, 1):.2%} non-padding tokens; "
             "realized token shares: " + ", ".join(f"{n} {s:.3f}" for n, s in zip(names, per_ds))
         )
+        for line in share_report(recipe, per_ds, len(batches)):
+            print(line)
         if args.show:
             b = batches[0]
             print()

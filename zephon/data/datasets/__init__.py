@@ -17,7 +17,7 @@ from .errors import BadRecord, DataError
 from .index import DEFAULT_MAX_RECORD_BYTES, TEXT_MODES, DatasetIndex, index_dataset
 from .multimodal import KINDS, MultimodalIndex, index_multimodal
 from .protocol import ImageTextShardIndex, ShardIndex
-from .resolve import FORMATS, MM_FORMATS, ShardMeta, default_cache_dir
+from .resolve import FORMATS, MM_FORMATS, SAME_FILE, ShardMeta, default_cache_dir
 from .samples import MMRecord, image_header_size
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "FORMATS",
     "KINDS",
     "MM_FORMATS",
+    "SAME_FILE",
     "TEXT_MODES",
     "BadRecord",
     "DataError",

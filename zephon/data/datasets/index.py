@@ -346,6 +346,7 @@ def index_dataset(
     cache_dir: str | None = None,
     progress: bool | None = None,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    same_file: str = "each",
 ) -> DatasetIndex:
     """Find the shards of dataset ``name`` and build (or load cached) per-shard metadata.
 
@@ -359,11 +360,13 @@ def index_dataset(
     ``~/.cache/zephon/index``).
     ``max_record_bytes``: the per-record size limit; a larger record reads back as a
     :class:`BadRecord` naming its file and line, without its bytes being read.
+    ``same_file``: "once" reads a file reached through several paths (symlinks) once, from its
+    first path in sorted order; "each" reads every path.
     """
     _check_settings(name, format, text_field, text_mode)
     files = resolve_files(name, path, format)
     fmt, comps = pick_format(name, files, format)
-    specs = shard_specs(name, files, comps)
+    specs = shard_specs(name, files, comps, same_file)
     cache_dir = open_cache_dir(cache_dir)
 
     # a placeholder index (no records yet) does the indexing, one shard per thread
