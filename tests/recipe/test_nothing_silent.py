@@ -127,5 +127,42 @@ def test_readme_documents_every_default_field():
         "image_field",
         "`.json` sidecar",
         "same_file",
+        'empty = "document"',
     ):
         assert needle in text, needle
+
+
+# -- (c) an empty document is data ----------------------------------------------------------------
+def _docs_of(recipe, steps):
+    with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
+        return [next(g) for _ in range(steps)]
+
+
+def test_an_empty_document_is_data_from_version_2(tmp_path):
+    rows = [{"text": "alpha beta"}, {"text": ""}, {"text": "gamma"}, {"text": "   "}, {"text": "delta"}]
+    _jsonl(tmp_path / "a.jsonl", rows)
+    c = cfg(str(tmp_path / "a.jsonl"), lanes=1, global_batch_size=1, seq_len=64)
+    c["datasets"][0]["policy"] = "stop"
+    v2 = Recipe.from_dict(c, str(tmp_path))
+    assert v2.spec.datasets[0].empty == "document"
+    tok = v2.tokenizer
+    batch = _docs_of(v2, 1)[0]
+    ids = batch["input"][0].tolist() + [batch["labels"][0][-1]]
+    docs = batch["document_ids"][0]
+    assert len({int(d) for d in docs if d >= 0}) == 5  # five documents, the empty ones included
+    runs = [[ids[i] for i in range(len(docs)) if docs[i] == d] for d in sorted({int(d) for d in docs if d >= 0})]
+    assert [tok.bos_id, tok.eos_id] in runs  # the empty text: a document of its BOS and EOS
+    # version 1: an empty text is a bad record; with on_error = "raise" the run stops there
+    with pytest.raises(Exception, match="field 'text' is empty"):
+        _docs_of(Recipe.from_dict(c | {"data_version": 1}, str(tmp_path)), 1)
+
+
+def test_a_whitespace_only_text_file_is_a_document_from_version_2(tmp_path):
+    (tmp_path / "a.txt").write_text("some text\n")
+    (tmp_path / "b.txt").write_text("  \n\n")
+    c = cfg(str(tmp_path / "*.txt"), lanes=1, global_batch_size=1, seq_len=64)
+    c["datasets"][0] |= {"format": "text", "text_mode": "file", "policy": "stop"}
+    batch = _docs_of(Recipe.from_dict(c, str(tmp_path)), 1)[0]
+    assert len({int(d) for d in batch["document_ids"][0] if d >= 0}) == 2
+    with pytest.raises(Exception, match="the file is empty"):
+        _docs_of(Recipe.from_dict(c | {"data_version": 1}, str(tmp_path)), 1)

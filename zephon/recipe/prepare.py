@@ -420,6 +420,8 @@ def index_kwargs(ds: DatasetSpec) -> dict[str, Any]:
         kw["same_file"] = ds.same_file
     if ds.kind == "text":
         kw["text_mode"] = ds.text_mode
+        if ds.empty != "bad":
+            kw["empty"] = ds.empty
     else:
         kw.update(kind=ds.kind, image_field=ds.image_field, on_error=ds.on_error)
     return kw

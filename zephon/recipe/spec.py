@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zephon.data import DEFAULT_MAX_RECORD_BYTES, KINDS, SAME_FILE, TEXT_MODES
+from zephon.data import DEFAULT_MAX_RECORD_BYTES, EMPTY, KINDS, SAME_FILE, TEXT_MODES
 from zephon.engine import BACKENDS, END_MODES, MAX_CHUNK_SIZE, WorkerConfig
 from zephon.nodes import ALGORITHMS, ON_ERROR, POLICIES, VisionConfig, WeightSchedule
 
@@ -86,7 +86,10 @@ DATA_VERSION = 2
 #: version 1's value, and the field is declared ``new=True``: it enters the data definition only
 #: off that value, so version-1 fingerprints stay. A recipe that gives the key keeps its value
 #: under every version (the parser fills in the versioned default only for keys not given).
-VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {("DatasetSpec", "same_file"): {2: "once"}}
+VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {
+    ("DatasetSpec", "same_file"): {2: "once"},
+    ("DatasetSpec", "empty"): {2: "document"},
+}
 
 #: The memory limit (GB, 10**9 bytes) one rank's lanes may hold when neither the recipe's
 #: ``memory_gb`` nor ``$ZEPHON_MEMORY_GB`` says otherwise: what fits a typical training node's
@@ -334,6 +337,12 @@ class DatasetSpec:
         choices=SAME_FILE,
         new=True,
         doc='a file reached through several paths (symlinks): read "once" (data version 2) or "each" time (1)',
+    )
+    empty: str = key(
+        "bad",
+        choices=EMPTY,
+        new=True,
+        doc='text datasets: an empty or whitespace-only text is a "document" (BOS/EOS; data version 2) or "bad" (1)',
     )
 
 
