@@ -34,6 +34,7 @@ from zephon.recipe.spec import (
     key,
     keys,
     meta,
+    versioned_default,
 )
 
 MINIMAL = {
@@ -69,6 +70,8 @@ def test_an_empty_section_parses_to_the_dataclass_defaults(cls):
         if _no_default(f):
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if cls is not RecipeSpec:  # a versioned default: the value of the recipe's data version
+            default = versioned_default(cls, f.name, spec.data_version)
         k = meta(cls, f.name)
         if k.read == "table":
             continue  # a nested section: checked as its own class (and below)
@@ -104,6 +107,7 @@ def test_key_lists_are_the_dataclass_fields():
         "vision",
         "cache_dir",
         "end",
+        "memory_gb",
         "data_version",
     ] == TOP_KEYS
     assert [f.name for f in dataclasses.fields(VisionTable)] == VISION_KEYS

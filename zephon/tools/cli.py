@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -200,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        return _run(parser, args)
+        with _warnings_as_lines(args.cmd):
+            return _run(parser, args)
     except Terminated:
         print(f"zephon {args.cmd}: terminated (SIGTERM); workers stopped", file=sys.stderr)
         return 143
@@ -224,6 +226,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _warnings_as_lines(cmd: str) -> Any:
+    """Warnings (bad records estimation sampled, skips shifting the mix) as one line each on
+    stderr, ``zephon CMD: warning: ...``, not Python's two-line form with a source line."""
+    with warnings.catch_warnings():
+
+        def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+            print(f"zephon {cmd}: warning: {message}", file=sys.stderr)
+
+        warnings.showwarning = show
+        yield
 
 
 def _parser() -> argparse.ArgumentParser:
