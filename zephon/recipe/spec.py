@@ -79,6 +79,8 @@ MIX_BY = ("tokens", "samples")
 #: and keeps the old behaviour for the old version, so a checkpoint written before the change
 #: resumes its own stream with ``data_version = N`` at the top of the recipe (the refusal of a
 #: checkpoint from another version says which N). Version 1: every recipe before the versions.
+#: Version 2: a symlinked file is read once (``same_file``), an empty text is a document
+#: (``empty``), and an image-text recipe's default ``[shuffle] buffer`` fits 1 GiB per lane.
 DATA_VERSION = 2
 
 #: Settings whose default depends on the data version: ``(section class name, key) -> {first
@@ -376,7 +378,12 @@ class PackSpec:
 class ShuffleSpec:
     """``[shuffle]``: rows per shuffle window (1 = no shuffle)."""
 
-    buffer: int = key(1024, lo=1, hi="buffer", doc="rows in each lane's shuffle window (1 = no shuffle)")
+    buffer: int = key(
+        1024,
+        lo=1,
+        hi="buffer",
+        doc="rows in each lane's shuffle window (1 = no shuffle; image-text, data version 2: what fits 1 GiB)",
+    )
 
 
 @dataclass(frozen=True)
