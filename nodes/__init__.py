@@ -20,7 +20,7 @@ from .pack import ALGORITHMS, Pack, pad_row, pad_rows
 from .policy import ON_ERROR, skip_hint
 from .rows import IGNORE_INDEX, LABELS, PartProvenance, Provenance, provenance_entry, row_spans
 from .shuffle import WindowShuffle
-from .skips import MAX_DETAIL_ROWS, SkipCounter, lane_share, reason_class
+from .skips import MAX_DETAIL_ROWS, SKIP_SHARE_WARNING, SkipCounter, SkipShareWarning, lane_share, reason_class
 from .tokenize import SPLIT_MODES, FetchTokenize, TokDoc, part_span
 from .vision import FetchVision, LayoutSpan, MMDoc, VisionConfig, sample_layout
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
@@ -32,6 +32,7 @@ __all__ = [
     "MAX_DETAIL_ROWS",
     "ON_ERROR",
     "POLICIES",
+    "SKIP_SHARE_WARNING",
     "SPLIT_MODES",
     "Batch",
     "DatasetPlan",
@@ -45,6 +46,7 @@ __all__ = [
     "PartProvenance",
     "Provenance",
     "SkipCounter",
+    "SkipShareWarning",
     "TokDoc",
     "VisionConfig",
     "WeightSchedule",

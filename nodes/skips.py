@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,7 +11,17 @@ from torchdata.nodes import BaseNode
 from zephon.data.datasets import DataError
 from zephon.engine import UPSTREAM, StateError, ZNode, check_state_keys, state_int, state_ints, state_node
 
-__all__ = ["MAX_DETAIL_ROWS", "SkipCounter", "lane_share", "reason_class"]
+__all__ = ["MAX_DETAIL_ROWS", "SKIP_SHARE_WARNING", "SkipCounter", "SkipShareWarning", "lane_share", "reason_class"]
+
+#: once a lane has seen ``min_seen`` records of a dataset, skipping this share of them is said
+#: (once per lane and dataset): skipped records deliver no tokens, so the dataset's realized
+#: share of the batches falls below its declared weight
+SKIP_SHARE_WARNING = 0.05
+
+
+class SkipShareWarning(UserWarning):
+    """A dataset's skipped records pull its realized share below its declared weight."""
+
 
 #: (dataset, shard, reason) rows a lane's state keeps; later new ones are counted per dataset
 #: under the reason "other reasons" (shard -1), so a lane's state stays small whatever the data
@@ -108,6 +119,8 @@ class SkipCounter(ZNode[Any]):
         # bad records in a row (one lane, one dataset) after which skip mode has failed
         counts: Sequence[int | None] = list(records) if records is not None else [None] * n
         self.streak_limit = [None if r is None else 2 * int(r) + 64 for r in counts]
+        self._warned = [False] * n  # observability only, not in the state
+        self._example: list[str | None] = [None] * n  # the first skip reason this lane saw, per dataset
         self._clear()
 
     def _clear(self) -> None:
@@ -209,6 +222,25 @@ class SkipCounter(ZNode[Any]):
             if key not in self.detail and len(self.detail) >= MAX_DETAIL_ROWS:
                 key = (d, -1, _OTHER)
             self.detail[key] = self.detail.get(key, 0) + 1
+            if self._example[d] is None:
+                self._example[d] = str(doc.skipped)[:200]
+            if not self._warned[d] and self.seen[d] >= self.min_seen:
+                self._warn_share(d)
+
+    def _warn_share(self, d: int) -> None:
+        """Say once when skips take :data:`SKIP_SHARE_WARNING` or more of a dataset's records."""
+        share = self.skipped[d] / self.seen[d]
+        if share < SKIP_SHARE_WARNING:
+            return
+        self._warned[d] = True
+        warnings.warn(
+            f"dataset {self.names[d]!r}: lane {self.lane} skipped {self.skipped[d]} of its {self.seen[d]} records "
+            f"({share:.0%}; e.g. {self._example[d]!r}); skipped records deliver no tokens, so its "
+            f"realized share of the batches falls below its declared weight by about as much. Fix the data or the "
+            "dataset's settings (text_field, format); the skip counts are in the loader's metrics",
+            SkipShareWarning,
+            stacklevel=2,
+        )
 
     def most_common_reason(self, d: int) -> str | None:
         """The reason class this lane skipped dataset ``d``'s records for most often."""

@@ -61,7 +61,7 @@ def test_versioned_default_applies_only_when_not_given(recipe_path, monkeypatch)
 
 
 def test_checkpoint_of_older_version_names_the_setting_and_resumes(recipe_path, monkeypatch):
-    old = Recipe.from_toml(recipe_path)
+    old = Recipe.from_toml(recipe_path).replace(data_version=1)
     with old.global_loader(world_size=2) as g:
         for _ in range(3):
             next(g)

@@ -63,6 +63,9 @@ def test_inspect(recipe_path):
         "‖",
         "packing efficiency",
         "realized token shares",
+        "declared vs realized token shares: web",
+        "memory budget per lane:",
+        "of the 32 GB limit",
     ):
         assert needle in out.stdout, needle
 

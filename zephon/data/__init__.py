@@ -8,9 +8,11 @@ this layer answers "how many records, how big is each, give me records i, j, k o
 
 from .datasets import (
     DEFAULT_MAX_RECORD_BYTES,
+    EMPTY,
     FORMATS,
     KINDS,
     MM_FORMATS,
+    SAME_FILE,
     TEXT_MODES,
     BadRecord,
     DataError,
@@ -30,9 +32,11 @@ from .tokenizer import BUNDLED_TOKENIZER, TextTokenizer, set_tokenizers_parallel
 __all__ = [
     "BUNDLED_TOKENIZER",
     "DEFAULT_MAX_RECORD_BYTES",
+    "EMPTY",
     "FORMATS",
     "KINDS",
     "MM_FORMATS",
+    "SAME_FILE",
     "TEXT_MODES",
     "BadRecord",
     "DataError",

@@ -14,13 +14,14 @@ from .build import RecipeLanes, build_lane
 from .ledger import LEDGER_DIR, LEDGER_GLOB, LEDGER_VERSION, LedgerWriter, dataset_tokens, ledger_file
 from .migrations import LANE_MIGRATIONS
 from .parse import parse_recipe
-from .prepare import Prepared, TokenEstimate, estimate_tokens, prepare
+from .prepare import BadSamplesWarning, Prepared, TokenEstimate, bad_samples_message, estimate_tokens, prepare
 from .recipe import Recipe
 from .runtime import RankBatches
 from .spec import (
     DATA_VERSION,
     LIMITS,
     DatasetSpec,
+    MemoryBudget,
     MixingSpec,
     PackSpec,
     RecipeError,
@@ -39,8 +40,10 @@ __all__ = [
     "LEDGER_GLOB",
     "LEDGER_VERSION",
     "LIMITS",
+    "BadSamplesWarning",
     "DatasetSpec",
     "LedgerWriter",
+    "MemoryBudget",
     "MixingSpec",
     "PackSpec",
     "Prepared",
@@ -54,6 +57,7 @@ __all__ = [
     "TokenizerSpec",
     "VisionSpec",
     "WorkersSpec",
+    "bad_samples_message",
     "build_lane",
     "dataset_tokens",
     "estimate_tokens",

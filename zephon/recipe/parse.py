@@ -38,6 +38,7 @@ from .spec import (
     LIMITS,
     VERSIONED,
     VISION_TOKENS,
+    VL_WINDOW_BYTES,
     DatasetSpec,
     Key,
     MixingSpec,
@@ -54,6 +55,7 @@ from .spec import (
     WorkersTable,
     keys,
     meta,
+    size,
     versioned_default,
 )
 
@@ -289,9 +291,10 @@ def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
     )
     vision = _vision(vision_table)
     workers = _workers(r, vision_table)
-    shuffle = ShuffleSpec(**read_table(ShuffleSpec, r.get("shuffle", {}), "[shuffle]", version=v))
+    shuffle_given = read_table(ShuffleSpec, r.get("shuffle", {}), "[shuffle]", version=v)
+    shuffle = ShuffleSpec(**shuffle_given)
     _rule_shuffle_window(shuffle, seq_len)
-    return RecipeSpec(
+    spec = RecipeSpec(
         seed=top["seed"],
         lanes=top["lanes"],
         seq_len=seq_len,
@@ -308,8 +311,12 @@ def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
         vision=vision,
         cache_dir=_path(base_dir, top["cache_dir"]) if "cache_dir" in top else None,
         end=_rule_end(top.get("end"), datasets),
+        memory_gb=top.get("memory_gb"),
         data_version=v,
     )
+    spec = _rule_vl_buffer(spec, "buffer" in shuffle_given)
+    _rule_memory(spec)
+    return spec
 
 
 def _missing_top_key(name: str) -> str:
@@ -421,6 +428,46 @@ def _rule_shuffle_window(shuffle: ShuffleSpec, seq_len: int) -> None:
             f"each lane's shuffle window, above the limit of {LIMITS['shuffle_tokens']} (about "
             f"{LIMITS['shuffle_tokens'] * 30 >> 30} GB per lane); use a smaller [shuffle].buffer"
         )
+
+
+def _rule_vl_buffer(spec: RecipeSpec, given: bool) -> RecipeSpec:
+    """From data version 2 a vision-language recipe's default ``[shuffle] buffer`` is the most
+    whole micro-batches (at most 1024 rows) whose worst case fits ``VL_WINDOW_BYTES`` (1 GiB):
+    version 1's 1024 rows held ~50 GB per lane at seq_len 2048. From the recipe's data keys only."""
+    if given or not spec.multimodal or spec.data_version < 2:
+        return spec
+    micro = spec.memory_budget().micro_batch_bytes
+    buffer = min(_default_buffer(), max(1, VL_WINDOW_BYTES // micro) * spec.rows_per_lane)
+    return dataclasses.replace(spec, shuffle=dataclasses.replace(spec.shuffle, buffer=buffer))
+
+
+def _default_buffer() -> int:
+    return ShuffleSpec().buffer
+
+
+def _rule_memory(spec: RecipeSpec) -> None:
+    """One lane's worst-case bytes (:meth:`RecipeSpec.memory_budget`: the shuffle window's rows
+    with their pixels, the micro-batch being built, samples in flight) fit the memory limit; the
+    error names the numbers and the keys to change, with the largest ``[shuffle] buffer`` that fits."""
+    b = spec.memory_budget()
+    limit = int(b.limit_gb * 1e9)
+    if b.lane_bytes <= limit:
+        return
+    rows = spec.rows_per_lane if spec.multimodal else 1  # an image-text window holds whole micro-batches
+    per_unit = b.window_bytes * rows // b.window_rows
+    fit = (limit - b.batch_bytes - b.in_flight_bytes) // per_unit * rows if per_unit else 0
+    fix = (
+        f"set [shuffle] buffer = {fit} (the largest that fits)"
+        if fit >= 1
+        else "lower seq_len or global_batch_size / lanes" + (" or [vision] max_pixels" if spec.multimodal else "")
+    )
+    raise RecipeError(
+        f"recipe: one lane holds up to {size(b.lane_bytes)}, above the memory limit of {b.limit_gb:g} GB "
+        f"([shuffle] buffer = {spec.shuffle.buffer} -> {b.window_rows} rows x {size(b.row_bytes)} per row "
+        f"= {size(b.window_bytes)}, plus {size(b.batch_bytes + b.in_flight_bytes)} of micro-batch"
+        f"{' and samples in flight; an image token carries its pixel_values' if spec.multimodal else ''}); {fix}, "
+        "or raise the limit with memory_gb = N at the recipe's top level or $ZEPHON_MEMORY_GB"
+    )
 
 
 def _rule_split_tokens(given: dict[str, Any], seq_len: int) -> dict[str, Any]:

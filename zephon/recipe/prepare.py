@@ -47,8 +47,10 @@ from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, 
 from .spec import DatasetSpec, RecipeError, RecipeSpec
 
 __all__ = [
+    "BadSamplesWarning",
     "Prepared",
     "TokenEstimate",
+    "bad_samples_message",
     "cached_lane_steps",
     "estimate_tokens",
     "fingerprint_of",
@@ -151,18 +153,49 @@ def estimate_tokens(
     return TokenEstimate(max(content, 1) / nbytes, float(per_record), records, bad_counts)
 
 
+def _bad_summary(est: TokenEstimate) -> str:
+    """The bad records estimation sampled: the most common reason with its count and an
+    example, then up to three others."""
+    ranked = sorted(est.bad.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    top, (n, example) = ranked[0]
+    more = f"; also: {', '.join(f'{c} x {k!r}' for k, (c, _) in ranked[1:4])}" if len(ranked) > 1 else ""
+    return f"most often ({n} x) {top!r}, e.g. {example!r}{more}"
+
+
 def _all_bad_error(name: str, est: TokenEstimate, on_error: str) -> RecipeError:
     """Every record token estimation sampled is bad: the dataset cannot deliver (in skip mode it
     would skip forever), so the run fails before it starts, naming the most common reason."""
     total = sum(n for n, _ in est.bad.values())
-    ranked = sorted(est.bad.items(), key=lambda kv: (-kv[1][0], kv[0]))
-    top, (n, example) = ranked[0]
-    more = f"; also: {', '.join(f'{c} x {k!r}' for k, (c, _) in ranked[1:4])}" if len(ranked) > 1 else ""
     return RecipeError(
-        f"recipe: dataset {name!r}: all {total} records sampled for token estimation are bad, most often "
-        f"({n} x) {top!r}, e.g. {example!r}{more}. The dataset cannot deliver a document"
+        f"recipe: dataset {name!r}: all {total} records sampled for token estimation are bad, {_bad_summary(est)}. "
+        "The dataset cannot deliver a document"
         + (' (on_error = "skip" would skip its records forever)' if on_error == "skip" else "")
         + ". Fix the data or the dataset's settings (text_field, format, path, max_record_bytes)."
+    )
+
+
+class BadSamplesWarning(UserWarning):
+    """Token estimation sampled bad records of a dataset: said before the run starts."""
+
+
+def bad_samples_message(s: DatasetSpec, est: TokenEstimate) -> str | None:
+    """What to say before the run when estimation sampled some bad records of dataset ``s``
+    (None when it saw none): counts, the first reasons with an example, and what it does to the
+    mix (skipped records deliver no tokens: the dataset's realized share falls below its weight)."""
+    bad = sum(n for n, _ in est.bad.values())
+    if not bad:
+        return None
+    seen = bad + est.sampled
+    effect = (
+        f"about {bad / seen:.0%} of its records will be skipped, and its realized share of the "
+        "batches will fall below its declared weight by about as much"
+        if s.on_error == "skip"
+        else 'with on_error = "raise" the run stops at the first one'
+    )
+    return (
+        f"dataset {s.name!r}: {bad} of {seen} records sampled for token estimation are bad ({bad / seen:.1%}), "
+        f"{_bad_summary(est)}; {effect}. Check the data and the dataset's settings (text_field = {s.text_field!r}, "
+        f"format, max_record_bytes)."
     )
 
 
@@ -383,8 +416,12 @@ def index_kwargs(ds: DatasetSpec) -> dict[str, Any]:
     progress bar aside): :func:`zephon.data.index_dataset`'s for a text dataset,
     :func:`zephon.data.index_multimodal`'s for an image-text one; one place for both."""
     kw: dict[str, Any] = {"format": ds.format, "text_field": ds.text_field, "max_record_bytes": ds.max_record_bytes}
+    if ds.same_file != "each":
+        kw["same_file"] = ds.same_file
     if ds.kind == "text":
         kw["text_mode"] = ds.text_mode
+        if ds.empty != "bad":
+            kw["empty"] = ds.empty
     else:
         kw.update(kind=ds.kind, image_field=ds.image_field, on_error=ds.on_error)
     return kw
@@ -420,6 +457,9 @@ def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
     for s in spec.datasets:
         if estimates[s.name].sampled == 0 and estimates[s.name].bad:
             raise _all_bad_error(s.name, estimates[s.name], s.on_error)
+        said = bad_samples_message(s, estimates[s.name])
+        if said is not None:
+            warnings.warn(said, BadSamplesWarning, stacklevel=2)
     on_error = [s.on_error for s in spec.datasets]
     if spec.multimodal:
         kinds = [s.kind for s in spec.datasets]

@@ -31,7 +31,7 @@ from zephon.nodes import VisionConfig, WeightSchedule
 from .build import RecipeLanes, build_lane, prefetch_depth
 from .parse import parse_recipe
 from .prepare import Prepared, TokenEstimate, prepare
-from .spec import DatasetSpec, RecipeError, RecipeSpec
+from .spec import DatasetSpec, MemoryBudget, RecipeError, RecipeSpec, size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -240,6 +240,26 @@ class Recipe:
         """Local batches a rank computes ahead (see :func:`zephon.recipe.build.prefetch_depth`)."""
         return prefetch_depth(self.spec, world_size)
 
+    def memory_budget(self) -> MemoryBudget:
+        """The most bytes one lane holds, worst case (the shuffle window's rows with their
+        pixels, the micro-batch being built, samples in flight); ``describe`` says it in a line."""
+        return self.spec.memory_budget()
+
+    def check_memory(self, world_size: int, lanes: int | None = None, prefetch: int | None = None) -> None:
+        """Refuse a loader whose ``lanes`` (default: one rank's share at ``world_size``) with
+        ``prefetch`` local batches ahead would hold more than the memory limit, worst case."""
+        b = self.spec.memory_budget()
+        lanes = self.lanes // world_size if lanes is None else lanes
+        prefetch = self.prefetch_depth(world_size) if prefetch is None else prefetch
+        need = b.rank_bytes(lanes, prefetch)
+        if need > b.limit_gb * 1e9:
+            raise RecipeError(
+                f"recipe: {lanes} lane(s) in this process hold up to {size(need)} ({size(b.lane_bytes)} "
+                f"per lane, {prefetch} local batches prefetched), above the memory limit of {b.limit_gb:g} GB; run "
+                "more ranks (fewer lanes each), lower [shuffle] buffer or [workers] prefetch, or raise the limit "
+                "with memory_gb = N at the recipe's top level or $ZEPHON_MEMORY_GB"
+            )
+
     def _loader_kwargs(self, world_size: int, workers: WorkerConfig | None, kw: dict[str, Any]) -> dict[str, Any]:
         kw.setdefault("prefetch", self.prefetch_depth(world_size))
         return dict(
@@ -250,12 +270,15 @@ class Recipe:
         """This rank's loader (a torchdata node yielding its local batches). ``workers``
         overrides every worker setting of the recipe (performance only)."""
         check_world_size(self.lanes, world_size)
+        self.check_memory(world_size, prefetch=kw.get("prefetch"))
         return Router(
             self.lane_set(workers), world_size=world_size, rank=rank, **self._loader_kwargs(world_size, workers, kw)
         )
 
     def global_loader(self, world_size: int = 1, workers: WorkerConfig | None = None, **kw: Any) -> GlobalLoader:
         """All ``world_size`` ranks in this process: yields global batches (tests, hashes)."""
+        check_world_size(self.lanes, world_size)
+        self.check_memory(world_size, lanes=self.lanes, prefetch=kw.get("prefetch"))
         return GlobalLoader(
             self.lane_set(workers), world_size=world_size, **self._loader_kwargs(world_size, workers, kw)
         )

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zephon.data import DEFAULT_MAX_RECORD_BYTES, KINDS, TEXT_MODES
+from zephon.data import DEFAULT_MAX_RECORD_BYTES, EMPTY, KINDS, SAME_FILE, TEXT_MODES
 from zephon.engine import WorkerConfig
 from zephon.engine.end import END_MODES
 from zephon.engine.mapper import MAX_CHUNK_SIZE
@@ -45,6 +45,7 @@ __all__ = [
     "DATASET_KEYS",
     "DATA_VERSION",
     "LIMITS",
+    "MEMORY_GB_DEFAULT",
     "MIX_BY",
     "TOP_KEYS",
     "VERSIONED",
@@ -52,6 +53,7 @@ __all__ = [
     "VISION_TOKENS",
     "DatasetSpec",
     "Key",
+    "MemoryBudget",
     "MixingSpec",
     "PackSpec",
     "PhaseTable",
@@ -67,7 +69,9 @@ __all__ = [
     "key",
     "keys",
     "max_workers",
+    "memory_limit_gb",
     "meta",
+    "size",
     "versioned_default",
 ]
 
@@ -78,6 +82,11 @@ MIX_BY = ("tokens", "samples")
 #: and keeps the old behaviour for the old version, so a checkpoint written before the change
 #: resumes its own stream with ``data_version = N`` at the top of the recipe (the refusal of a
 #: checkpoint from another version says which N). Version 1: every recipe before the versions.
+#: Version 2 (each a setting whose version-1 value stays available, see :data:`VERSIONED`): no
+#: label crosses a document (``[pack] labels``), a long document's parts are cut from its text
+#: (``[mixing] split_mode``), a symlinked file is read once (``same_file``), an empty text is a
+#: document (``empty``), images are decoded exactly (``[vision] decode``), and an image-text
+#: recipe's default ``[shuffle] buffer`` fits 1 GiB per lane.
 DATA_VERSION = 2
 
 #: Settings whose default depends on the data version: ``(section class name, key) -> {first
@@ -90,7 +99,19 @@ VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {
     ("PackSpec", "labels"): {2: "document"},
     # version 2: a long document's parts are cut from its text, so it is tokenized once
     ("MixingSpec", "split_mode"): {2: "text"},
+    ("DatasetSpec", "same_file"): {2: "once"},
+    ("DatasetSpec", "empty"): {2: "document"},
 }
+
+#: The memory limit (GB, 10**9 bytes) one rank's lanes may hold when neither the recipe's
+#: ``memory_gb`` nor ``$ZEPHON_MEMORY_GB`` says otherwise: what fits a typical training node's
+#: share per GPU. Not part of the data definition: it only decides which recipes are refused.
+MEMORY_GB_DEFAULT = 32.0
+
+#: Data version 2's default ``[shuffle] buffer`` of a vision-language recipe: the most whole
+#: micro-batches (at most 1024 rows, at least one micro-batch) whose worst case fits these
+#: bytes. A function of the recipe's data keys only, never of the machine.
+VL_WINDOW_BYTES = 1 << 30
 
 
 def versioned_default(cls: type, name: str, version: int) -> Any:
@@ -137,7 +158,31 @@ LIMITS: Mapping[str, int] = {
     "temporal_patch_size": 64,
     "pixels": 1 << 32,
     "images": 65536,
+    "memory_gb": 1 << 20,
 }
+
+
+def memory_limit_gb(given: float | None = None) -> float:
+    """The memory limit in GB: the recipe's ``memory_gb``, else ``$ZEPHON_MEMORY_GB``, else
+    :data:`MEMORY_GB_DEFAULT`.
+
+    >>> memory_limit_gb(4.0)
+    4.0
+    """
+    if given is not None:
+        return given
+    env = os.environ.get("ZEPHON_MEMORY_GB")
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            value = -1.0
+        if not value > 0 or value == float("inf"):
+            raise RecipeError(
+                f"ZEPHON_MEMORY_GB = {env!r} is not a positive number of GB; set e.g. ZEPHON_MEMORY_GB=16"
+            )
+        return value
+    return MEMORY_GB_DEFAULT
 
 
 def max_workers() -> int:
@@ -213,6 +258,67 @@ def _default(cls: Any, name: str) -> Any:
     return factory()
 
 
+# -- memory ----------------------------------------------------------------------------------
+#: bytes per token of a row: input, labels, positions (int64), document_ids (int32), dataset (int16)
+TOKEN_BYTES = 30
+#: an image-text row with ``[vision] mrope`` adds mrope_positions (3 x int64) per token
+MROPE_TOKEN_BYTES = 24
+#: image-text work chunks a lane has in flight at most (decoded samples waiting for the packer)
+CHUNKS_IN_FLIGHT = 2
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """The most bytes one lane of a recipe holds, worst case, from its keys alone: the shuffle
+    window, the micro-batch being built (and a packer's open rows), and for image-text lanes the
+    decoded samples in flight. An image-text row counts its ``pixel_values`` too: each image
+    token is ``merge_size**2`` patches of ``patch_dim`` float32s (24,576 bytes with the default
+    ``[vision]``), and every token of a row may be one, unless ``max_images_per_row`` /
+    ``max_images_per_batch`` and ``max_pixels`` bound the images' tokens lower.
+
+    >>> b = MemoryBudget(row_bytes=100, window_rows=4, window_bytes=400, batch_bytes=300,
+    ...                  in_flight_bytes=0, micro_batch_bytes=200, limit_gb=1.0)
+    >>> b.lane_bytes, b.rank_bytes(lanes=2, prefetch=3)
+    (700, 2600)
+    """
+
+    row_bytes: int  #: one row, worst case
+    window_rows: int  #: rows one lane's shuffle window holds (image-text: whole micro-batches)
+    window_bytes: int  #: the shuffle window, worst case
+    batch_bytes: int  #: the micro-batch being built and a packer's open rows
+    in_flight_bytes: int  #: image-text: decoded samples of the chunks in flight
+    micro_batch_bytes: int  #: one lane's micro-batch (what a prefetched local batch holds per lane)
+    limit_gb: float  #: the limit one rank's lanes must fit (``memory_gb``, ``$ZEPHON_MEMORY_GB``)
+
+    @property
+    def lane_bytes(self) -> int:
+        """The bytes one lane holds at most."""
+        return self.window_bytes + self.batch_bytes + self.in_flight_bytes
+
+    def rank_bytes(self, lanes: int, prefetch: int) -> int:
+        """The bytes a rank running ``lanes`` lanes with ``prefetch`` local batches ahead holds."""
+        return lanes * (self.lane_bytes + prefetch * self.micro_batch_bytes)
+
+    def describe(self, lanes: int, prefetch: int) -> str:
+        """One line: the budget per lane, its parts, and a rank's total against the limit."""
+        return (
+            f"memory budget per lane: {size(self.lane_bytes)} (shuffle window {self.window_rows} rows x "
+            f"{size(self.row_bytes)} = {size(self.window_bytes)}; micro-batch being built and open rows "
+            f"{size(self.batch_bytes)}; in flight {size(self.in_flight_bytes)}); {lanes} lane(s) on a rank "
+            f"with {prefetch} batches prefetched: {size(self.rank_bytes(lanes, prefetch))} of the "
+            f"{self.limit_gb:g} GB limit"
+        )
+
+
+def size(n: float) -> str:
+    """Bytes for a message: ``"1.23 GB"``, ``"4.56 MB"`` (powers of 10).
+
+    >>> size(52_690_000_000), size(63_000_000), size(1500)
+    ('52.69 GB', '63.00 MB', '0.00 MB')
+    """
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
+
+
 # -- the sections ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DatasetSpec:
@@ -237,6 +343,18 @@ class DatasetSpec:
     kind: str = key("text", choices=KINDS, doc='"text", "image_text" (one image + caption) or "interleaved"')
     image_field: str | None = key(
         None, derived='"image" for kind = "image_text", "images" for "interleaved"', doc="image column"
+    )
+    same_file: str = key(
+        "each",
+        choices=SAME_FILE,
+        new=True,
+        doc='a file reached through several paths (symlinks): read "once" (data version 2) or "each" time (1)',
+    )
+    empty: str = key(
+        "bad",
+        choices=EMPTY,
+        new=True,
+        doc='text datasets: an empty or whitespace-only text is a "document" (BOS/EOS; data version 2) or "bad" (1)',
     )
 
 
@@ -276,7 +394,12 @@ class PackSpec:
 class ShuffleSpec:
     """``[shuffle]``: rows per shuffle window (1 = no shuffle)."""
 
-    buffer: int = key(1024, lo=1, hi="buffer", doc="rows in each lane's shuffle window (1 = no shuffle)")
+    buffer: int = key(
+        1024,
+        lo=1,
+        hi="buffer",
+        doc="rows in each lane's shuffle window (1 = no shuffle; image-text, data version 2: what fits 1 GiB)",
+    )
 
 
 @dataclass(frozen=True)
@@ -462,6 +585,12 @@ class RecipeSpec:
     #: how a finite recipe ends (every dataset ``policy = "stop"``): "pad" or "drop"; None for a
     #: recipe that never ends (it has a "repeat" dataset)
     end: str | None = key(None, choices=END_MODES, derived='"pad" for a finite recipe', doc="how a finite recipe ends")
+    memory_gb: float | None = key(
+        None,
+        positive=True,
+        hi="memory_gb",
+        doc="GB one rank's lanes may hold, worst case (default $ZEPHON_MEMORY_GB, else 32); never changes the data",
+    )
     data_version: int = key(
         DATA_VERSION,
         lo=1,
@@ -484,6 +613,43 @@ class RecipeSpec:
     def multimodal(self) -> bool:
         """Whether any dataset has images (image-text lanes, :class:`zephon.nodes.MMPack`)."""
         return any(s.kind != "text" for s in self.datasets)
+
+    def memory_budget(self) -> MemoryBudget:
+        """The most bytes one lane holds, worst case (see :class:`MemoryBudget`)."""
+        L, rows = self.seq_len + 1, self.rows_per_lane
+        limit = memory_limit_gb(self.memory_gb)
+        if not self.multimodal:
+            row = L * TOKEN_BYTES
+            return MemoryBudget(
+                row_bytes=row,
+                window_rows=self.shuffle.buffer,
+                window_bytes=self.shuffle.buffer * row,
+                batch_bytes=(rows + self.pack.max_open) * row,
+                in_flight_bytes=0,
+                micro_batch_bytes=rows * row,
+                limit_gb=limit,
+            )
+        c = self.vision.config
+        per_token = TOKEN_BYTES + (MROPE_TOKEN_BYTES if c.mrope else 0)
+        pixels = c.merge_size**2 * c.patch_dim * 4  # float32 patches per image token
+        per_image = max(1, c.max_pixels // (c.factor * c.factor))  # smart resize keeps h x w <= max_pixels
+        batch_cap = c.max_images_per_batch * per_image  # a micro-batch's images, so a row's and a sample's too
+        row_images = (
+            min(L, batch_cap) if c.max_images_per_row == 0 else min(L, batch_cap, c.max_images_per_row * per_image)
+        )
+        batch_images = min(rows * row_images, batch_cap)
+        row = L * per_token + row_images * pixels
+        micro = rows * L * per_token + batch_images * pixels
+        micro_batches = -(-self.shuffle.buffer // rows)
+        return MemoryBudget(
+            row_bytes=row,
+            window_rows=micro_batches * rows,
+            window_bytes=micro_batches * micro,
+            batch_bytes=micro,
+            in_flight_bytes=CHUNKS_IN_FLIGHT * self.workers.vision_chunk_size * row,  # a sample fits one row
+            micro_batch_bytes=micro,
+            limit_gb=limit,
+        )
 
     def data_definition(self) -> dict[str, Any]:
         """Everything that defines the data (not workers, not the cache folder, not paths: the

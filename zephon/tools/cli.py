@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ from zephon.engine import PipelineError, StateError, WorkerConfig
 from zephon.engine.checkpoint import decode_state, encode_state, load_state, save_state
 from zephon.engine.digest import batch_sha256
 from zephon.engine.lanes import check_world_size
-from zephon.recipe import RankBatches, Recipe, RecipeError, max_workers
+from zephon.recipe import RankBatches, Recipe, RecipeError, bad_samples_message, max_workers
 
 from .demo import demo_recipe
 from .display import describe_plan, format_batch_rows, format_row
@@ -194,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        return _run(parser, args)
+        with _warnings_as_lines(args.cmd):
+            return _run(parser, args)
     except Terminated:
         print(f"zephon {args.cmd}: terminated (SIGTERM); workers stopped", file=sys.stderr)
         return 143
@@ -218,6 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _warnings_as_lines(cmd: str) -> Any:
+    """Warnings (bad records estimation sampled, skips shifting the mix) as one line each on
+    stderr, ``zephon CMD: warning: ...``, not Python's two-line form with a source line."""
+    with warnings.catch_warnings():
+
+        def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+            print(f"zephon {cmd}: warning: {message}", file=sys.stderr)
+
+        warnings.showwarning = show
+        yield
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -257,6 +272,33 @@ def _add_demo_and_hashes(sub: Any, common: argparse.ArgumentParser) -> None:
         default="batch",
         help="batch: sha256 of the global batch; ledger: the digest a run's batch ledger records (zephon ledger)",
     )
+
+
+#: a realized token share this far (absolute) from the declared one is reported as a warning
+SHARE_DRIFT = 0.05
+
+
+def share_report(recipe: Recipe, realized: Any, steps: int) -> list[str]:
+    """Declared vs realized token shares of the first ``steps`` steps, and a warning line for
+    each dataset whose realized share drifts from its declared one by more than
+    :data:`SHARE_DRIFT` (skipped records deliver no tokens; by = "samples" weighs samples)."""
+    w = np.asarray(recipe.schedule.weights(0), dtype=np.float64)
+    declared = w / w.sum()
+    names = [d.name for d in recipe.datasets]
+    out = [
+        "declared vs realized token shares: "
+        + ", ".join(f"{n} {d:.3f} -> {r:.3f}" for n, d, r in zip(names, declared, realized))
+    ]
+    if recipe.spec.mixing.by != "tokens":
+        return out  # weights are shares of samples: token shares differ by design
+    for n, d, r, s in zip(names, declared, realized, recipe.datasets):
+        if abs(r - d) > SHARE_DRIFT:
+            why = " (its bad records are skipped: they deliver no tokens)" if s.on_error == "skip" else ""
+            out.append(
+                f"warning: dataset {n!r}: realized token share {r:.3f} over the first {steps} steps, declared "
+                f"{d:.3f}{why}; over so few steps a share drifts by up to a document per lane"
+            )
+    return out
 
 
 def _add_inspect(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -355,7 +397,12 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 0
     if args.cmd == "inspect":
         print(describe_plan(recipe, args.world_size))
-        recipe.prepare()
+        world = args.world_size or 1
+        print(recipe.memory_budget().describe(recipe.lanes // world, recipe.prefetch_depth(world)))
+        for s, est in zip(recipe.datasets, recipe.estimates.values()):
+            said = bad_samples_message(s, est)
+            if said is not None:
+                print(f"warning: {said}")
         names = [d.name for d in recipe.datasets]
         with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
             batches = [next(g) for _ in range(args.measure_steps)]
@@ -368,6 +415,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             f"packing efficiency over the first {len(batches)} steps: {valid / max(total, 1):.2%} non-padding tokens; "
             "realized token shares: " + ", ".join(f"{n} {s:.3f}" for n, s in zip(names, per_ds))
         )
+        for line in share_report(recipe, per_ds, len(batches)):
+            print(line)
         if args.show:
             b = batches[0]
             print()

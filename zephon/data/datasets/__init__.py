@@ -14,17 +14,19 @@ pickling), and the two indexes (``index``: text, ``multimodal``: image-text).
 """
 
 from .errors import BadRecord, DataError
-from .index import DEFAULT_MAX_RECORD_BYTES, TEXT_MODES, DatasetIndex, index_dataset
+from .index import DEFAULT_MAX_RECORD_BYTES, EMPTY, TEXT_MODES, DatasetIndex, index_dataset
 from .multimodal import KINDS, MultimodalIndex, index_multimodal
 from .protocol import ImageTextShardIndex, ShardIndex
-from .resolve import FORMATS, MM_FORMATS, ShardMeta, default_cache_dir
+from .resolve import FORMATS, MM_FORMATS, SAME_FILE, ShardMeta, default_cache_dir
 from .samples import MMRecord, image_header_size
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
+    "EMPTY",
     "FORMATS",
     "KINDS",
     "MM_FORMATS",
+    "SAME_FILE",
     "TEXT_MODES",
     "BadRecord",
     "DataError",

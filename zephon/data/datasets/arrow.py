@@ -60,7 +60,7 @@ class ColumnReader(Reader):
 
     def _value(self, s: int, row: int, v: Any) -> str | BadRecord:
         if isinstance(v, str):
-            bad = check_text(v, f"field '{self.ix.text_field}'")
+            bad = check_text(v, f"field '{self.ix.text_field}'", self.ix.empty_ok)
             if bad is None:
                 return v
         elif v is None:
@@ -68,7 +68,7 @@ class ColumnReader(Reader):
         else:  # binary column
             try:
                 v = bytes(v).decode("utf-8")
-                bad = check_text(v, f"field '{self.ix.text_field}'")
+                bad = check_text(v, f"field '{self.ix.text_field}'", self.ix.empty_ok)
                 if bad is None:
                     return v
             except UnicodeDecodeError as e:

@@ -42,6 +42,7 @@ from .text import LineReader, Reader, TextFileReader
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
+    "EMPTY",
     "FORMATS",
     "TEXT_MODES",
     "DatasetIndex",
@@ -50,6 +51,9 @@ __all__ = [
     "index_dataset",
     "resolve_files",
 ]
+
+#: what an empty or whitespace-only text is: a "bad" record (data version 1) or a "document"
+EMPTY = ("bad", "document")
 
 #: the per-record size limit unless a recipe sets max_record_bytes: larger records are bad records
 #: (an error naming file and line, or a counted skip), read neither at indexing nor at run time
@@ -346,6 +350,8 @@ def index_dataset(
     cache_dir: str | None = None,
     progress: bool | None = None,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    same_file: str = "each",
+    empty: str = "bad",
 ) -> DatasetIndex:
     """Find the shards of dataset ``name`` and build (or load cached) per-shard metadata.
 
@@ -359,11 +365,17 @@ def index_dataset(
     ``~/.cache/zephon/index``).
     ``max_record_bytes``: the per-record size limit; a larger record reads back as a
     :class:`BadRecord` naming its file and line, without its bytes being read.
+    ``same_file``: "once" reads a file reached through several paths (symlinks) once, from its
+    first path in sorted order; "each" reads every path.
+    ``empty``: an empty or whitespace-only text is a "document" (data: its BOS/EOS) or a "bad"
+    record (an empty file has no record either way).
     """
+    if empty not in EMPTY:
+        raise DataError(f"unknown empty = {empty!r}", dataset=name, fix=f"Use one of {EMPTY}.")
     _check_settings(name, format, text_field, text_mode)
     files = resolve_files(name, path, format)
     fmt, comps = pick_format(name, files, format)
-    specs = shard_specs(name, files, comps)
+    specs = shard_specs(name, files, comps, same_file)
     cache_dir = open_cache_dir(cache_dir)
 
     # a placeholder index (no records yet) does the indexing, one shard per thread
@@ -376,6 +388,8 @@ def index_dataset(
         idx._arrays[s] = arrays
         idx._cached[s] = cached
         shards.append(ShardMeta(sp.display, int(len(arrays["lengths"])), sp.size, sp.version))
-    return DatasetIndex(
+    out = DatasetIndex(
         name, fmt, text_field, text_mode, specs, shards, cache_dir, idx._arrays, idx._cached, max_record_bytes
     )
+    out.empty_ok = empty == "document"
+    return out

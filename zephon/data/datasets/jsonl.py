@@ -33,7 +33,7 @@ def _json_type(v) -> str:
     return type(v).__name__
 
 
-def parse_jsonl(raw: bytes, field: str) -> tuple[str | None, str | None]:
+def parse_jsonl(raw: bytes, field: str, empty_ok: bool = False) -> tuple[str | None, str | None]:
     """``(text, None)`` or ``(None, reason)`` for one JSON line: the string under ``field``.
 
     >>> parse_jsonl(b'{"text": "hi"}', "text"), parse_jsonl(b'{"t": 1}', "text")[1]
@@ -60,7 +60,7 @@ def parse_jsonl(raw: bytes, field: str) -> tuple[str | None, str | None]:
         return None, f"field '{field}' is null"
     if not isinstance(v, str):
         return None, f"field '{field}' is {_json_type(v)}, not a string"
-    bad = check_text(v, f"field '{field}'")
+    bad = check_text(v, f"field '{field}'", empty_ok)
     if bad:
         return None, bad
     # lone surrogates can only come from \\u escapes (raw was valid UTF-8); isascii() is O(1)
@@ -77,4 +77,4 @@ class JsonlReader(LineReader):
 
     def parser(self) -> Callable[[bytes], tuple[str | None, str | None]]:
         """:func:`parse_jsonl` for the dataset's ``text_field``."""
-        return partial(parse_jsonl, field=self.ix.text_field)
+        return partial(parse_jsonl, field=self.ix.text_field, empty_ok=self.ix.empty_ok)

@@ -237,6 +237,7 @@ def index_multimodal(
     cache_dir: str | None = None,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     on_error: str = "raise",
+    same_file: str = "each",
 ) -> MultimodalIndex:
     """Find the shards of an image-text dataset and build (or load cached) per-shard metadata.
 
@@ -244,7 +245,8 @@ def index_multimodal(
     raises a :class:`DataError` naming the file and the byte position; with ``on_error =
     "skip"`` each damaged region is indexed as one record that reads back as a
     :class:`BadRecord` (a counted skip), and reading resumes at the next valid header. A sample
-    above ``max_record_bytes`` (image and caption together) reads back as a BadRecord, unread."""
+    above ``max_record_bytes`` (image and caption together) reads back as a BadRecord, unread.
+    ``same_file = "once"`` reads a file reached through several paths (symlinks) once."""
     if on_error not in ("raise", "skip"):
         raise DataError(f"unknown on_error {on_error!r}", dataset=name, fix='Use on_error = "raise" or "skip".')
     if kind not in ("image_text", "interleaved"):
@@ -262,7 +264,9 @@ def index_multimodal(
     if image_field is None:
         image_field = "images" if kind == "interleaved" else "image"
     cache_dir = open_cache_dir(cache_dir, warn=False)
-    ix = MultimodalIndex(name, kind, fmt, text_field, image_field, mm_shard_specs(files), cache_dir, max_record_bytes)
+    ix = MultimodalIndex(
+        name, kind, fmt, text_field, image_field, mm_shard_specs(files, same_file), cache_dir, max_record_bytes
+    )
     if on_error == "raise":
         for s in range(len(ix.shards)):
             bad = ix.damaged(s)

@@ -9,6 +9,7 @@ A ``save_to_disk`` folder's ``state.json`` may only name files inside the folder
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 import warnings
@@ -23,6 +24,7 @@ from .errors import DataError
 __all__ = [
     "FORMATS",
     "MM_FORMATS",
+    "SAME_FILE",
     "ShardMeta",
     "ShardSpec",
     "default_cache_dir",
@@ -34,6 +36,10 @@ __all__ = [
     "shard_specs",
     "stat_spec",
 ]
+
+#: how a file reached through several paths (a symlink and its target, matched by one glob or
+#: two) is read: "each" path (data version 1), or "once" (the first path in sorted order)
+SAME_FILE = ("each", "once")
 
 #: the text formats
 FORMATS = ("jsonl", "parquet", "text", "arrow")
@@ -191,6 +197,7 @@ def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str |
                         out.extend(got)
                         n += len(got) or 1
                     continue
+                _check_link(name, fs, mp, info)
                 out.append((fs, mp, info, None))
                 n += 1
             if n == 0:
@@ -204,6 +211,8 @@ def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str |
         try:
             info = fs.info(p)
         except FileNotFoundError:
+            if isinstance(fs, LocalFileSystem) and os.path.islink(p):
+                _check_link(name, fs, p, {"islink": True})
             raise DataError(
                 "file not found",
                 dataset=name,
@@ -218,10 +227,44 @@ def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str |
                 file=entry,
                 fix="Make the file and its directories readable by the user running the job.",
             ) from None
+        except OSError as e:
+            if isinstance(fs, LocalFileSystem) and os.path.islink(p):
+                _check_link(name, fs, p, {"islink": True})
+            raise DataError(f"cannot read ({e})", dataset=name, file=entry, fix="Check the path.") from None
         if info.get("type") == "directory":
             out.extend(_expand_dir(name, fs, p, fmt, disp))
         else:
+            _check_link(name, fs, p, info)
             out.append((fs, p, info, None))
+    return out
+
+
+def _check_link(name: str, fs: Any, fp: str, info: dict) -> None:
+    """A local symlink must lead to a file: a dangling link or a loop is an error naming it."""
+    if not (isinstance(fs, LocalFileSystem) and info.get("islink")):
+        return
+    try:
+        os.stat(fp)
+    except OSError as e:
+        what = (
+            "a symlink loop (the links lead back to themselves)"
+            if e.errno == errno.ELOOP
+            else f"a dangling symlink (its target {os.readlink(fp)!r} does not exist)"
+        )
+        raise DataError(what, dataset=name, file=fp, fix="Fix or remove the link, or narrow the path.") from None
+
+
+def _read_once(specs: list[ShardSpec]) -> list[ShardSpec]:
+    """``specs`` (sorted by display name) less the later paths of a local file already listed
+    (a symlink and its target, two links to one file): each file is read once, from its first
+    path in sorted order."""
+    seen: set[str] = set()
+    out = []
+    for sp in specs:
+        real = os.path.realpath(sp.fspath) if sp.local else sp.url
+        if real not in seen:
+            seen.add(real)
+            out.append(sp)
     return out
 
 
@@ -424,9 +467,9 @@ def _local_identity(name: str, fp: str, display: str) -> tuple[int, str]:
     return st.st_size, str(st.st_mtime_ns)
 
 
-def shard_specs(name: str, files, comps: list[str | None]) -> list[ShardSpec]:
-    """The text shards of resolved ``files`` (with their compressions), each file once, sorted by
-    display name (the shard order)."""
+def shard_specs(name: str, files, comps: list[str | None], same_file: str = "each") -> list[ShardSpec]:
+    """The text shards of resolved ``files`` (with their compressions), each path once (each
+    file once with ``same_file = "once"``), sorted by display name (the shard order)."""
     by_url: dict[str, ShardSpec] = {}
     for (fs, fp, info, _forced), comp in zip(files, comps):
         local = isinstance(fs, LocalFileSystem)
@@ -440,12 +483,14 @@ def shard_specs(name: str, files, comps: list[str | None]) -> list[ShardSpec]:
             sz = info.get("size")
             size, version = (int(sz) if sz is not None else -1), _version_of(info)
         by_url[url] = ShardSpec(fs, fp, url, display, local, comp, size, version)
-    return sorted(by_url.values(), key=lambda sp: sp.display)
+    out = sorted(by_url.values(), key=lambda sp: sp.display)
+    return _read_once(out) if same_file == "once" else out
 
 
-def mm_shard_specs(files) -> list[ShardSpec]:
-    """The image-text shards of resolved ``files``, each once, sorted by display name. (Their
-    remote version is the first of mtime / ETag: it is part of the cache key and fingerprint.)"""
+def mm_shard_specs(files, same_file: str = "each") -> list[ShardSpec]:
+    """The image-text shards of resolved ``files``, each path once (each file once with
+    ``same_file = "once"``), sorted by display name. (Their remote version is the first of
+    mtime / ETag: it is part of the cache key and fingerprint.)"""
     by_display: dict[str, ShardSpec] = {}
     for fs, fp, info, _forced in files:
         local = isinstance(fs, LocalFileSystem)
@@ -456,4 +501,5 @@ def mm_shard_specs(files) -> list[ShardSpec]:
         else:
             size, version = int(info.get("size") or -1), str(info.get("mtime") or info.get("ETag") or "")
         by_display[disp] = ShardSpec(fs, fp, fs.unstrip_protocol(fp), disp, local, None, size, version)
-    return [by_display[k] for k in sorted(by_display)]
+    out = [by_display[k] for k in sorted(by_display)]
+    return _read_once(out) if same_file == "once" else out

@@ -28,6 +28,8 @@ class ShardFiles(ShardStore):
 
     text_field: str
     max_record_bytes: int
+    #: an empty or whitespace-only text is data (a dataset's ``empty = "document"``), not a bad record
+    empty_ok: bool = False
     _specs: list[ShardSpec]
 
     def _err(self, s: int, reason: str, fix: str, locator: str | None = None) -> DataError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -27,9 +28,11 @@ def utf8_reason(raw: bytes, e: UnicodeDecodeError, where: str) -> str:
     return f"invalid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start} of the {where})"
 
 
-def check_text(text: str, what: str) -> str | None:
-    """The bad-record reason of an empty or whitespace-only text, else None (it is trainable)."""
-    if not text or text.isspace():
+def check_text(text: str, what: str, empty_ok: bool = False) -> str | None:
+    """The bad-record reason of an empty or whitespace-only text, else None (it is trainable).
+    With ``empty_ok`` (a dataset's ``empty = "document"``) such a text is data too: a document
+    of its BOS/EOS (and its whitespace's tokens)."""
+    if not empty_ok and (not text or text.isspace()):
         return f"{what} is empty" if not text else f"{what} is empty (whitespace only)"
     return None
 
@@ -46,15 +49,16 @@ def parse_text_line(raw: bytes) -> tuple[str | None, str | None]:
         return None, utf8_reason(raw, e, "line")
 
 
-def parse_text_file(raw: bytes) -> tuple[str | None, str | None]:
-    """``(text, None)`` or ``(None, reason)`` for a whole-file document (a UTF-8 BOM is dropped)."""
+def parse_text_file(raw: bytes, empty_ok: bool = False) -> tuple[str | None, str | None]:
+    """``(text, None)`` or ``(None, reason)`` for a whole-file document (a UTF-8 BOM is dropped;
+    a whitespace-only file is data with ``empty_ok``)."""
     if raw.startswith(BOM):
         raw = raw[3:]
     try:
         t = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         return None, utf8_reason(raw, e, "file")
-    bad = check_text(t, "the file")
+    bad = check_text(t, "the file", empty_ok)
     return (None, bad) if bad else (t, None)
 
 
@@ -148,8 +152,8 @@ class TextFileReader(LineReader):
     """Whole-file documents (``text_mode = "file"``): one record per non-empty file."""
 
     def parser(self) -> Callable[[bytes], tuple[str | None, str | None]]:
-        """:func:`parse_text_file`."""
-        return parse_text_file
+        """:func:`parse_text_file` (whitespace-only files are data with ``empty = "document"``)."""
+        return partial(parse_text_file, empty_ok=self.ix.empty_ok)
 
     def build(self, s: int) -> dict[str, np.ndarray]:
         """One record of the (decompressed) file's size; none for an empty file."""
