@@ -22,11 +22,12 @@ from .rows import IGNORE_INDEX, Provenance
 from .shuffle import WindowShuffle
 from .skips import MAX_DETAIL_ROWS, SkipCounter, lane_share, reason_class
 from .tokenize import FetchTokenize, TokDoc
-from .vision import FetchVision, LayoutSpan, MMDoc, VisionConfig, sample_layout
+from .vision import DECODE_RULES, FetchVision, LayoutSpan, MMDoc, VisionConfig, sample_layout
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
 
 __all__ = [
     "ALGORITHMS",
+    "DECODE_RULES",
     "IGNORE_INDEX",
     "MAX_DETAIL_ROWS",
     "ON_ERROR",

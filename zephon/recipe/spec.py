@@ -36,7 +36,7 @@ from typing import Any
 
 from zephon.data import DEFAULT_MAX_RECORD_BYTES, KINDS, TEXT_MODES
 from zephon.engine import BACKENDS, END_MODES, MAX_CHUNK_SIZE, WorkerConfig
-from zephon.nodes import ALGORITHMS, ON_ERROR, POLICIES, VisionConfig, WeightSchedule
+from zephon.nodes import ALGORITHMS, DECODE_RULES, ON_ERROR, POLICIES, VisionConfig, WeightSchedule
 
 __all__ = [
     "DATASET_KEYS",
@@ -75,14 +75,14 @@ MIX_BY = ("tokens", "samples")
 #: and keeps the old behaviour for the old version, so a checkpoint written before the change
 #: resumes its own stream with ``data_version = N`` at the top of the recipe (the refusal of a
 #: checkpoint from another version says which N). Version 1: every recipe before the versions.
-DATA_VERSION = 1
+DATA_VERSION = 2
 
 #: Settings whose default depends on the data version: ``(section class name, key) -> {first
 #: version: value}``, e.g. ``("PackSpec", "labels"): {2: "document"}``. The field's own default is
 #: version 1's value, and the field is declared ``new=True``: it enters the data definition only
 #: off that value, so version-1 fingerprints stay. A recipe that gives the key keeps its value
 #: under every version (the parser fills in the versioned default only for keys not given).
-VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {}
+VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {("VisionTable", "decode"): {2: "exact"}}
 
 
 def versioned_default(cls: type, name: str, version: int) -> Any:
@@ -336,6 +336,15 @@ class VisionTable:
     )
     max_images_per_row: int = key(_default(VisionConfig, "max_images_per_row"), hi="images", doc="0 = no per-row limit")
     mrope: bool = key(_default(VisionConfig, "mrope"), doc="3-D (t, h, w) rotary position ids")
+    decode: str = key(
+        _default(VisionConfig, "decode"),
+        choices=DECODE_RULES,
+        new=True,
+        doc='"exact": alpha onto background, 16-bit/float scaled (data_version 2); "convert": Pillow RGB (1)',
+    )
+    background: tuple[float, float, float] = key(
+        _default(VisionConfig, "background"), read="rgb", new=True, doc="RGB in [0, 1] under transparent pixels"
+    )
     image_token: str = key("<|image_pad|>", doc="text of an image placeholder token")
     video_token: str = key("<|video_pad|>", doc="text of a video placeholder token")
     vision_start_token: str = key("<|vision_start|>", doc="text of the token before an image")
