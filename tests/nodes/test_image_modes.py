@@ -57,7 +57,7 @@ def _palette(transparent: int | None) -> tuple[Image.Image, np.ndarray]:
     ref = PALETTE[INDEX].astype(np.float64) / 255
     if transparent is not None:
         im.info["transparency"] = transparent
-        ref[INDEX == transparent] = 1.0
+        ref[transparent == INDEX] = 1.0
     return im, ref
 
 

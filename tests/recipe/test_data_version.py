@@ -52,9 +52,9 @@ def test_versioned_default_applies_only_when_not_given(recipe_path, monkeypatch)
     new = _bump(monkeypatch, {("PackSpec", "max_open"): 3})
     r = Recipe.from_toml(recipe_path)
     assert r.spec.data_version == new and r.spec.pack.max_open == 3
-    assert r.replace(data_version=1).spec.pack.max_open == old.spec.pack.max_open
+    assert r.replace(data_version=DATA_VERSION).spec.pack.max_open == old.spec.pack.max_open
     assert r.replace(pack={"max_open": 5, "algorithm": "greedy", "flush_every": 32}).spec.pack.max_open == 5
-    assert r.replace(data_version=1).fingerprint == old.fingerprint
+    assert r.replace(data_version=DATA_VERSION).fingerprint == old.fingerprint
 
 
 def test_checkpoint_of_older_version_names_the_setting_and_resumes(recipe_path, monkeypatch):
@@ -67,8 +67,8 @@ def test_checkpoint_of_older_version_names_the_setting_and_resumes(recipe_path, 
     _bump(monkeypatch, {("ShuffleSpec", "buffer"): 2})
     r = Recipe.from_toml(recipe_path)
     assert r.fingerprint != old.fingerprint
-    with r.global_loader(world_size=1) as g, pytest.raises(StateError, match="set data_version = 1"):
+    with r.global_loader(world_size=1) as g, pytest.raises(StateError, match=f"set data_version = {DATA_VERSION}"):
         g.load_state_dict(state)
-    with r.replace(data_version=1).global_loader(world_size=1) as g:
+    with r.replace(data_version=DATA_VERSION).global_loader(world_size=1) as g:
         g.load_state_dict(state)
         assert [batch_sha256(next(g)) for _ in range(3)] == rest

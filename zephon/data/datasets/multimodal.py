@@ -145,7 +145,7 @@ class MultimodalIndex(ImageTextStore):
         if not self.cache_dir:
             return None
         sp = self._specs[s]
-        fields = [self.kind, self.format, self.text_field, self.image_field]
+        fields: list[Any] = [self.kind, self.format, self.text_field, self.image_field]
         if self.format == "wds":  # which tar members are images: Pillow's extensions (by version)
             fields.append(list(IMAGE_EXTS))
         blob = json.dumps(["mm", _CACHE_VERSION, sp.url, *fields, sp.size, sp.version])
