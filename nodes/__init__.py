@@ -22,11 +22,12 @@ from .rows import IGNORE_INDEX, LABELS, PartProvenance, Provenance, provenance_e
 from .shuffle import WindowShuffle
 from .skips import MAX_DETAIL_ROWS, SKIP_SHARE_WARNING, SkipCounter, SkipShareWarning, lane_share, reason_class
 from .tokenize import SPLIT_MODES, FetchTokenize, TokDoc, part_span
-from .vision import FetchVision, LayoutSpan, MMDoc, VisionConfig, sample_layout
+from .vision import DECODE_RULES, FetchVision, LayoutSpan, MMDoc, VisionConfig, sample_layout
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
 
 __all__ = [
     "ALGORITHMS",
+    "DECODE_RULES",
     "IGNORE_INDEX",
     "LABELS",
     "MAX_DETAIL_ROWS",

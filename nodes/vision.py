@@ -45,6 +45,7 @@ from .tokenize import FetchTokenize
 from .worksource import WorkItem
 
 __all__ = [
+    "DECODE_RULES",
     "SPECIAL_NAMES",
     "FetchVision",
     "ImageError",
@@ -52,6 +53,7 @@ __all__ = [
     "MMDoc",
     "VisionConfig",
     "decode_image",
+    "decode_pixels",
     "mrope_positions",
     "patchify",
     "preprocess_image",
@@ -61,6 +63,12 @@ __all__ = [
 ]
 
 SPECIAL_NAMES = ("image", "video", "vision_start", "vision_end")
+
+#: how decoded pixels become RGB (``[vision] decode``): "exact" (data_version 2): transparency
+#: composited onto ``background``, 16/32-bit and float samples scaled to [0, 1] as float32 (no
+#: clipping, no 8-bit quantisation); "convert" (data_version 1): Pillow's ``convert("RGB")``,
+#: which drops alpha and clips high bit depths to 255
+DECODE_RULES = ("exact", "convert")
 
 
 class ImageError(ValueError):
@@ -89,6 +97,8 @@ class VisionConfig:
     max_images_per_batch: int = 128  # per lane micro-batch
     max_images_per_row: int = 0  # 0 = no per-row limit
     mrope: bool = True
+    decode: str = "convert"  # see DECODE_RULES; the recipe's default is versioned ("exact" from data_version 2)
+    background: tuple[float, float, float] = (1.0, 1.0, 1.0)  # what transparent pixels show (decode = "exact")
 
     @property
     def factor(self) -> int:
@@ -149,22 +159,8 @@ def smart_resize(
     return h_bar, w_bar
 
 
-def decode_image(data: bytes, max_image_pixels: int = 64_000_000) -> Any:
-    """Encoded bytes -> an RGB ``PIL.Image`` with EXIF orientation applied.
-
-    The size is checked from the header before any pixel is decoded: zero pixels or more than
-    ``max_image_pixels`` raise :class:`ImageError` (so does anything Pillow cannot decode).
-
-    >>> import io
-    >>> from PIL import Image
-    >>> buf = io.BytesIO(); Image.new("L", (40, 30), 128).save(buf, "PNG")
-    >>> im = decode_image(buf.getvalue()); im.mode, im.size
-    ('RGB', (40, 30))
-    >>> decode_image(buf.getvalue(), max_image_pixels=1000)
-    Traceback (most recent call last):
-    ...
-    zephon.nodes.vision.ImageError: the image is above max_image_pixels (40x30 = 1200 pixels > 1000; a decompression bomb or an absurd size)
-    """
+def _open_image(data: bytes, max_image_pixels: int) -> Any:
+    """Encoded bytes -> a loaded ``PIL.Image`` (its first frame), EXIF orientation applied, any mode."""
     from PIL import Image, ImageOps
 
     if not data:
@@ -188,24 +184,137 @@ def decode_image(data: bytes, max_image_pixels: int = 64_000_000) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            im.load()
+            im.load()  # the first frame of a multi-frame image (GIF, APNG, TIFF pages, ...)
             img: Image.Image = ImageOps.exif_transpose(im)
-            if img.mode != "RGB":
-                img = img.convert("RGB")
     except Exception as e:
         raise ImageError(f"corrupt or truncated image data ({type(e).__name__}: {e})") from None
     return img
 
 
-def _decode_resized(data: bytes, cfg: VisionConfig):
-    """The decoded RGB image resized (bicubic) to the pixel budget: the start of both image paths."""
+def decode_image(data: bytes, max_image_pixels: int = 64_000_000) -> Any:
+    """Encoded bytes -> an RGB ``PIL.Image`` with EXIF orientation applied, by Pillow's
+    ``convert("RGB")`` (the ``decode = "convert"`` rule of data_version 1; :func:`decode_pixels`
+    is the exact rule).
+
+    The size is checked from the header before any pixel is decoded: zero pixels or more than
+    ``max_image_pixels`` raise :class:`ImageError` (so does anything Pillow cannot decode).
+
+    >>> import io
+    >>> from PIL import Image
+    >>> buf = io.BytesIO(); Image.new("L", (40, 30), 128).save(buf, "PNG")
+    >>> im = decode_image(buf.getvalue()); im.mode, im.size
+    ('RGB', (40, 30))
+    >>> decode_image(buf.getvalue(), max_image_pixels=1000)
+    Traceback (most recent call last):
+    ...
+    zephon.nodes.vision.ImageError: the image is above max_image_pixels (40x30 = 1200 pixels > 1000; a decompression bomb or an absurd size)
+    """
+    img = _open_image(data, max_image_pixels)
+    try:
+        if img.mode != "RGB":
+            img = img.convert("RGB")
+    except Exception as e:
+        raise ImageError(f"corrupt or truncated image data ({type(e).__name__}: {e})") from None
+    return img
+
+
+_HIGH_DEPTH = {"I;16": 65535.0, "I;16L": 65535.0, "I;16B": 65535.0, "I;16N": 65535.0, "I": 65535.0}
+
+
+def decode_pixels(
+    data: bytes,
+    max_image_pixels: int = 64_000_000,
+    background: Sequence[float] = (1.0, 1.0, 1.0),
+) -> np.ndarray:
+    """Encoded bytes -> RGB pixels ``(H, W, 3)`` by the exact rule (``decode = "exact"``): uint8
+    for an 8-bit image without transparency (Pillow's own conversion to RGB: L, 1, P, CMYK,
+    YCbCr, LAB, ...), else float32 in [0, 1] with nothing quantised:
+
+    * 16-bit samples (``I;16*``) and 32-bit integers (``I``) are divided by 65535 (``I``
+      is how Pillow widens 16-bit samples; values outside 0..65535 clip), floats (``F``) are
+      intensities in [0, 1] (clipped, NaN is 0); all three are grey;
+    * transparency (an alpha channel, a palette or colour-key ``transparency``) is composited
+      onto ``background`` (RGB in [0, 1], white by default, the Hugging Face processors'
+      convention): ``rgb * a + background * (1 - a)``; a fully opaque image is plain uint8 RGB.
+
+    The first frame of a multi-frame image is used; EXIF orientation is applied.
+
+    >>> import io
+    >>> from PIL import Image
+    >>> buf = io.BytesIO(); Image.new("I;16", (4, 2), 32768).save(buf, "PNG")
+    >>> x = decode_pixels(buf.getvalue()); x.dtype, x.shape, round(float(x[0, 0, 0]), 4)
+    (dtype('float32'), (2, 4, 3), 0.5)
+    >>> buf = io.BytesIO(); Image.new("RGBA", (4, 2), (0, 0, 0, 0)).save(buf, "PNG")
+    >>> decode_pixels(buf.getvalue())[0, 0].tolist()   # transparent: the background (white)
+    [1.0, 1.0, 1.0]
+    """
+    im = _open_image(data, max_image_pixels)
+    try:
+        return _exact_pixels(im, background)
+    except ImageError:
+        raise
+    except Exception as e:
+        raise ImageError(f"corrupt or truncated image data ({type(e).__name__}: {e})") from None
+
+
+def _exact_pixels(im: Any, background: Sequence[float]) -> np.ndarray:
+    mode = im.mode
+    if mode in _HIGH_DEPTH or mode == "F":
+        a = np.asarray(im)
+        if mode == "F":
+            g = np.nan_to_num(a.astype(np.float32), nan=0.0)
+        else:
+            g = a.astype(np.float32) * np.float32(1.0 / _HIGH_DEPTH[mode])
+        g = np.clip(g, 0.0, 1.0, dtype=np.float32)
+        return np.repeat(g[:, :, None], 3, axis=2)
+    if (mode in ("P", "L", "RGB", "1") and "transparency" in im.info) or mode in ("PA", "RGBa"):
+        im = im.convert("RGBA")
+    elif mode == "La":
+        im = im.convert("LA")
+    if im.mode in ("RGBA", "LA"):
+        a = np.asarray(im)
+        alpha = a[:, :, -1]
+        if alpha.min() == 255:
+            return np.asarray(im.convert("RGB"))
+        rgb = a[:, :, :3] if im.mode == "RGBA" else np.repeat(a[:, :, :1], 3, axis=2)
+        w = alpha.astype(np.float32)[:, :, None] * np.float32(1.0 / 255.0)
+        out = rgb.astype(np.float32) * np.float32(1.0 / 255.0) * w
+        out += np.asarray(background, dtype=np.float32) * (np.float32(1.0) - w)
+        return out
+    if im.mode != "RGB":
+        im = im.convert("RGB")
+    return np.asarray(im)
+
+
+def _decode_resized(data: bytes, cfg: VisionConfig) -> np.ndarray:
+    """The decoded image resized (bicubic) to the pixel budget: the start of both image paths.
+    uint8 ``(H, W, 3)``, or float32 in [0, 1] for what :func:`decode_pixels` keeps in float (each
+    channel resized in float, then clipped to [0, 1] as the 8-bit path clips to 0..255)."""
     from PIL import Image
 
-    im = decode_image(data, cfg.max_image_pixels)
-    tw, th = cfg.target_size(*im.size)
-    if (tw, th) != im.size:
-        im = im.resize((tw, th), Image.Resampling.BICUBIC)
-    return im
+    if cfg.decode == "convert":
+        im = decode_image(data, cfg.max_image_pixels)
+        tw, th = cfg.target_size(*im.size)
+        if (tw, th) != im.size:
+            im = im.resize((tw, th), Image.Resampling.BICUBIC)
+        return np.asarray(im)
+    if cfg.decode != "exact":
+        raise ValueError(f"[vision] decode is one of {DECODE_RULES}, got {cfg.decode!r}")
+    x = decode_pixels(data, cfg.max_image_pixels, cfg.background)
+    h, w = x.shape[:2]
+    tw, th = cfg.target_size(w, h)
+    if (tw, th) == (w, h):
+        return x
+    if x.dtype == np.uint8:
+        return np.asarray(Image.fromarray(x, "RGB").resize((tw, th), Image.Resampling.BICUBIC))
+    grey = bool((x[:, :, 0] == x[:, :, 1]).all() and (x[:, :, 0] == x[:, :, 2]).all())
+    chans = [x[:, :, 0]] if grey else [x[:, :, c] for c in range(3)]
+    out = [
+        np.asarray(Image.fromarray(np.ascontiguousarray(c), "F").resize((tw, th), Image.Resampling.BICUBIC))
+        for c in chans
+    ]
+    y = np.stack(out * 3 if grey else out, axis=2).astype(np.float32)
+    return np.clip(y, 0.0, 1.0, out=y)
 
 
 def preprocess_image(data: bytes, cfg: VisionConfig) -> np.ndarray:
@@ -218,8 +327,12 @@ def preprocess_image(data: bytes, cfg: VisionConfig) -> np.ndarray:
     >>> x.shape, x.dtype, x[0, 0].tolist()   # (0.5, 0.5, 0.5) mean and std: [-1, 1]
     ((32, 64, 3), dtype('float32'), [1.0, -1.0, -1.0])
     """
-    x = np.asarray(_decode_resized(data, cfg), dtype=np.float32)
-    x *= np.float32(1.0 / 255.0)
+    x = _decode_resized(data, cfg)
+    if x.dtype == np.uint8:
+        x = x.astype(np.float32)
+        x *= np.float32(1.0 / 255.0)
+    else:
+        x = x.copy()
     x -= np.asarray(cfg.mean, dtype=np.float32)
     x /= np.asarray(cfg.std, dtype=np.float32)
     return x
@@ -282,7 +395,11 @@ def preprocess_patches(data: bytes, cfg: VisionConfig) -> tuple[np.ndarray, np.n
     >>> p.shape, g.tolist(), bool(np.array_equal(p, ref))
     ((8, 1536), [1, 2, 4], True)
     """
-    u8 = np.asarray(_decode_resized(data, cfg))
+    u8 = _decode_resized(data, cfg)
+    if u8.dtype != np.uint8:  # high bit depth or transparency: float pixels, no table
+        x = u8 - np.asarray(cfg.mean, dtype=np.float32)
+        x /= np.asarray(cfg.std, dtype=np.float32)
+        return patchify(x, cfg.patch_size, cfg.temporal_patch_size, cfg.merge_size)
     H, W, C = u8.shape
     ps, ts, m = cfg.patch_size, cfg.temporal_patch_size, cfg.merge_size
     if H % (ps * m) or W % (ps * m):

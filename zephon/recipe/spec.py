@@ -39,7 +39,7 @@ from zephon.engine import WorkerConfig
 from zephon.engine.end import END_MODES
 from zephon.engine.mapper import MAX_CHUNK_SIZE
 from zephon.engine.workers import BACKENDS
-from zephon.nodes import ALGORITHMS, LABELS, ON_ERROR, POLICIES, SPLIT_MODES, VisionConfig, WeightSchedule
+from zephon.nodes import ALGORITHMS, DECODE_RULES, LABELS, ON_ERROR, POLICIES, SPLIT_MODES, VisionConfig, WeightSchedule
 
 __all__ = [
     "DATASET_KEYS",
@@ -101,6 +101,8 @@ VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {
     ("MixingSpec", "split_mode"): {2: "text"},
     ("DatasetSpec", "same_file"): {2: "once"},
     ("DatasetSpec", "empty"): {2: "document"},
+    # version 2: images decoded exactly (16-bit kept, transparency composited on `background`)
+    ("VisionTable", "decode"): {2: "exact"},
 }
 
 #: The memory limit (GB, 10**9 bytes) one rank's lanes may hold when neither the recipe's
@@ -479,6 +481,15 @@ class VisionTable:
     )
     max_images_per_row: int = key(_default(VisionConfig, "max_images_per_row"), hi="images", doc="0 = no per-row limit")
     mrope: bool = key(_default(VisionConfig, "mrope"), doc="3-D (t, h, w) rotary position ids")
+    decode: str = key(
+        _default(VisionConfig, "decode"),
+        choices=DECODE_RULES,
+        new=True,
+        doc='"exact": alpha onto background, 16-bit/float scaled (data_version 2); "convert": Pillow RGB (1)',
+    )
+    background: tuple[float, float, float] = key(
+        _default(VisionConfig, "background"), read="rgb", new=True, doc="RGB in [0, 1] under transparent pixels"
+    )
     image_token: str = key("<|image_pad|>", doc="text of an image placeholder token")
     video_token: str = key("<|video_pad|>", doc="text of a video placeholder token")
     vision_start_token: str = key("<|vision_start|>", doc="text of the token before an image")

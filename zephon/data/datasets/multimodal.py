@@ -3,8 +3,8 @@
 Kinds and formats:
 
 * ``image_text`` in WebDataset-style ``.tar`` shards (format ``"wds"``): members sharing a key
-  (the file name up to its first dot) form one sample: an image (``.jpg``/``.jpeg``/``.png``/
-  ``.webp``) and a caption (``.txt``, or ``.json`` with the caption under ``text_field``).
+  (the file name up to its first dot) form one sample: an image (any extension Pillow
+  opens: ``.jpg``, ``.png``, ``.webp``, ``.gif``, ``.tif``, ...) and a caption (``.txt``, or ``.json`` with the caption under ``text_field``).
   Indexing records every member's byte offset in the tar, so a read is one ``pread`` per
   member: no tar scan at read time.
 * ``image_text`` in Parquet (format ``"parquet"``): an image column (``image_field``; binary,
@@ -145,7 +145,9 @@ class MultimodalIndex(ImageTextStore):
         if not self.cache_dir:
             return None
         sp = self._specs[s]
-        fields = [self.kind, self.format, self.text_field, self.image_field]
+        fields: list[Any] = [self.kind, self.format, self.text_field, self.image_field]
+        if self.format == "wds":  # which tar members are images: Pillow's extensions (by version)
+            fields.append(list(IMAGE_EXTS))
         blob = json.dumps(["mm", _CACHE_VERSION, sp.url, *fields, sp.size, sp.version])
         return os.path.join(self.cache_dir, "mm-" + hashlib.sha256(blob.encode()).hexdigest() + ".npz")
 

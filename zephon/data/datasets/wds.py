@@ -23,8 +23,27 @@ from .samples import ImageTextStore, MMRecord, image_header_size
 
 __all__ = ["IMAGE_EXTS", "TEXT_EXTS", "WdsReader", "tar_member_role"]
 
-#: tar member extensions (lower case, after the key's first dot) read as a sample's image
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+
+def _pillow_image_exts() -> tuple[str, ...]:
+    """Every file extension Pillow's own plugins can open (``PIL.Image.registered_extensions()``
+    of formats with an opener), lower case, sorted: derived, not a hand list, so a tar member
+    Pillow can decode (``.gif``, ``.tif``, ``.bmp``, ...) is an image exactly when a Parquet
+    image column would decode it. Plugins registered by other packages are left out, so the
+    set (and so a tar's samples) depends on the Pillow version only."""
+    from PIL import Image
+
+    Image.init()
+    out = set()
+    for ext, fmt in Image.registered_extensions().items():
+        opener = Image.OPEN.get(fmt)
+        if opener is not None and str(getattr(opener[0], "__module__", "")).startswith("PIL."):
+            out.add(ext.lower().lstrip("."))
+    return tuple(sorted(out))
+
+
+#: tar member extensions (lower case, after the key's first dot) read as a sample's image: every
+#: extension Pillow can open (see :func:`_pillow_image_exts`)
+IMAGE_EXTS = _pillow_image_exts()
 #: tar member extensions read as a sample's caption (``json``: the caption is under text_field)
 TEXT_EXTS = ("txt", "json")
 _BLOCK = 512
@@ -312,7 +331,12 @@ class WdsReader:
                 continue
             if a["img_len"][i] < 0:
                 out.append(
-                    BadRecord(self.ix.name, disp, loc, f"the sample has a caption but no image ({_listed(IMAGE_EXTS)})")
+                    BadRecord(
+                        self.ix.name,
+                        disp,
+                        loc,
+                        f"the sample has a caption but no image (a member Pillow can open: {_listed(IMAGE_EXTS[:8])}, ...)",
+                    )
                 )
                 continue
             if a["txt_len"][i] < 0:
