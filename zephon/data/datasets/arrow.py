@@ -8,6 +8,7 @@ end-of-stream marker, so a file cut at a message boundary is refused instead of 
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from .errors import BadRecord, DataError
 from .text import Reader, check_text, utf8_reason
 
-__all__ = ["ArrowReader", "ColumnReader", "is_text_type"]
+__all__ = ["ArrowReader", "ColumnReader", "column_crc", "is_text_type"]
 
 #: an Arrow IPC stream ends with this end-of-stream marker (continuation token, length 0); a file
 #: cut at a message boundary reads as a shorter valid stream without it
@@ -31,6 +32,36 @@ def is_text_type(t: Any) -> bool:
         if hasattr(pa.types, name):
             checks.append(getattr(pa.types, name))
     return any(c(t) for c in checks)
+
+
+def column_crc(col: Any, crc: int = 0) -> int:
+    """CRC-32 of a text column's values (their bytes, and which are null), continuing ``crc``:
+    the same however the column is split into chunks or batches.
+
+    >>> import pyarrow as pa
+    >>> column_crc(pa.chunked_array([["ab"], [None, "c"]])) == column_crc(pa.array(["ab", None, "c"]))
+    True
+    """
+    import pyarrow as pa
+
+    for ch in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
+        if len(ch) == 0:
+            continue
+        t = ch.type
+        if not (
+            pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+        ):
+            ch = ch.cast(pa.large_binary())  # views: the same bytes in a flat layout
+            t = ch.type
+        wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+        bufs = ch.buffers()
+        offs = np.frombuffer(bufs[1], np.int64 if wide else np.int32)[ch.offset : ch.offset + len(ch) + 1]
+        if bufs[2] is not None and offs[-1] > offs[0]:
+            crc = zlib.crc32(memoryview(bufs[2])[int(offs[0]) : int(offs[-1])], crc)
+        if ch.null_count:
+            crc = zlib.crc32(ch.is_null().to_numpy(zero_copy_only=False).tobytes(), crc)
+        crc = zlib.crc32(np.diff(offs).astype(np.int64).tobytes(), crc)
+    return crc
 
 
 class ColumnReader(Reader):
@@ -87,7 +118,11 @@ class ArrowReader(ColumnReader):
             if sp.local:
                 src = pa.memory_map(sp.fspath, "r")
             else:
-                src = pa.BufferReader(self.ix._caches["blobs"].get(("raw", s), lambda: sp.fs.cat_file(sp.fspath)))
+                src = pa.BufferReader(
+                    self.ix._caches["blobs"].get(
+                        ("raw", s), lambda: self.ix._retrying(s, "reading", lambda: sp.fs.cat_file(sp.fspath))
+                    )
+                )
         except OSError as e:
             if isinstance(e, (FileNotFoundError, PermissionError)) or not isinstance(e, pa.ArrowException):
                 raise self.ix._io_error(s, e, "reading") from None
@@ -125,6 +160,7 @@ class ArrowReader(ColumnReader):
         r = self._arrow_reader(s)
         self._check_text_column(s, r.schema)
         lengths = []
+        crc = 0
         try:
             batches = (
                 r
@@ -134,13 +170,17 @@ class ArrowReader(ColumnReader):
             for b in batches:
                 col = b.column(self.ix.text_field)
                 lengths.append(pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))
+                crc = column_crc(col, crc)
         except pa.ArrowInvalid as e:
             raise self.ix._err(
                 s,
                 f"corrupt or truncated Arrow data: {e}",
                 "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
             ) from None
-        return {"lengths": np.concatenate(lengths) if lengths else np.zeros(0, np.int64)}
+        return {
+            "lengths": np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
+            "crcs": np.full(1, crc, np.uint32),  # the read unit: the whole text column
+        }
 
     def read(self, s: int, idx: np.ndarray) -> list[str | BadRecord]:
         """Rows ``idx`` from the shard's text column (memory-mapped when local, cached)."""
@@ -157,7 +197,12 @@ class ArrowReader(ColumnReader):
                     f"corrupt or truncated Arrow data: {e}",
                     "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
                 ) from None
-            return t.column(self.ix.text_field)
+            col = t.column(self.ix.text_field)
+            if column_crc(col) != int(self.ix._shard(s)["crcs"][0]):
+                raise self.ix._changed_error(
+                    s, None, "the text column read is not the one indexed: the file changed since it was indexed"
+                )
+            return col
 
         out: list = [None] * idx.size
         keep = self.drop_oversized(s, idx, self.ix._shard(s)["lengths"][idx], out)

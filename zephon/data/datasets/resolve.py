@@ -128,7 +128,8 @@ def _remote(entry: str, what: str, fn):
         return DataError(
             f"{what} failed: the storage kept failing ({why})",
             file=entry,
-            fix="Check that the server is up and reachable; raise $ZEPHON_IO_RETRY_S to wait longer.",
+            fix="Check that the server is up and reachable; raise $ZEPHON_IO_RETRY_S (seconds of retries) or "
+            "$ZEPHON_IO_TIMEOUT_S (seconds one request may stall) to wait longer.",
         )
 
     try:

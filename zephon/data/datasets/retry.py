@@ -89,6 +89,8 @@ def transient(e: BaseException) -> str | None:
         # fsspec's HTTP info() turns every failure of HEAD and GET into FileNotFoundError
         cause = e.__cause__
         return transient(cause) if cause is not None else None
+    if isinstance(e, (TimeoutError, asyncio.TimeoutError)) or type(e).__name__ == "FSTimeoutError":
+        return f"no answer within {io_timeout_s():g} s (timeout; $ZEPHON_IO_TIMEOUT_S)"
     if _aiohttp is not None:
         if isinstance(e, _aiohttp.ClientResponseError):
             if e.status in _RETRY_STATUS:
@@ -96,8 +98,6 @@ def transient(e: BaseException) -> str | None:
             return None
         if isinstance(e, (_aiohttp.ClientPayloadError, _aiohttp.ClientConnectionError)):
             return f"connection dropped ({type(e).__name__}: {e})"
-    if isinstance(e, (TimeoutError, asyncio.TimeoutError)) or type(e).__name__ == "FSTimeoutError":
-        return f"no answer within {io_timeout_s():g} s (timeout)"
     if isinstance(e, (ConnectionError, EOFError)):
         return f"connection error ({type(e).__name__}: {e})"
     return None
