@@ -131,3 +131,16 @@ def test_reads_of_unchanged_files_are_checked_and_pass(tmp_path):
     assert crcs.dtype == np.uint32 and len(crcs) == 1000
     got = ix.read(0, list(range(999, -1, -7)))
     assert got == [f"old{i:05d} " + "y" * (i % 13) for i in range(999, -1, -7)]
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b""])
+def test_long_lines_are_checked_whole(tmp_path, ending):
+    # lines longer than the scanner's carry limit (1 MiB) are followed by metadata only: their
+    # CRC-32 is chained over the chunks, the final \r left out
+    long_text = "z" * (3 << 20) + "é"
+    data = b"\r\n".join(json.dumps({"text": t}).encode() for t in ("a", long_text, "b", long_text)) + ending
+    path = str(tmp_path / "long.jsonl")
+    with open(path, "wb") as f:
+        f.write(data)
+    ix = index_dataset("web", path, cache_dir=str(tmp_path / "cache"))
+    assert ix.read(0, [3, 1, 0, 2]) == [long_text, long_text, "a", "b"]

@@ -113,3 +113,22 @@ def test_a_missing_file_is_not_retried(server, tmp_path):
     got = bounded(lambda: index_dataset("web", server.url("/d/none.jsonl"), format="jsonl", cache_dir=None))
     assert isinstance(got.get("error"), DataError) and "not found" in str(got["error"])
     assert got["seconds"] < 2
+
+
+def _read_in_worker(ix, shard, rows):
+    return ix.read(shard, rows)
+
+
+def test_a_stall_on_a_process_workers_read_ends_within_the_timeout(server, tmp_path):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    ix = index(server, tmp_path)
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        assert pool.submit(_read_in_worker, ix, 0, [2]).result(timeout=60) == [TEXTS[2]]  # the index travels
+        server.stall_s = 30
+        t0 = time.monotonic()
+        with pytest.raises(DataError, match="timeout") as e:
+            pool.submit(_read_in_worker, ix, 0, [3]).result(timeout=30)
+        assert time.monotonic() - t0 < 20 and server.url("/d/a.jsonl") in str(e.value)
+        server.stall_s = 0

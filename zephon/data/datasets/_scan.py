@@ -165,7 +165,7 @@ class LineScanner:
             # the last byte is held back: a final \r is not part of the record
             if self._long_last >= 0:
                 self._long_crc = zlib.crc32(bytes((self._long_last,)), self._long_crc)
-            self._long_crc = zlib.crc32(arr[:-1], self._long_crc)
+            self._long_crc = zlib.crc32(arr[:-1].tobytes(), self._long_crc)
             self._long_len += int(arr.size)
             self._long_ws = self._long_ws and bool(_WS[arr].all())
             self._long_last = int(arr[-1])

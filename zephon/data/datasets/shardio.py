@@ -23,7 +23,7 @@ from .errors import DataError
 from .resolve import ShardSpec
 from .retry import RangeIgnoredError, storage_failure, transient, with_retries
 
-__all__ = ["ShardFiles", "crc32s"]
+__all__ = ["ShardFiles"]
 
 T = TypeVar("T")
 
@@ -31,15 +31,6 @@ T = TypeVar("T")
 # fetched with one read, up to _MAX_SPAN bytes per read.
 _GAP = 64 << 10
 _MAX_SPAN = 8 << 20
-
-
-def crc32s(raws: Sequence[bytes]) -> np.ndarray:
-    """uint32 CRC-32 of each byte string (the digest of a read unit kept in the index).
-
-    >>> crc32s([b"a", b""]).tolist()
-    [3904355907, 0]
-    """
-    return np.fromiter(map(zlib.crc32, raws), np.uint32, len(raws))
 
 
 class ShardFiles(ShardStore):
@@ -148,11 +139,13 @@ class ShardFiles(ShardStore):
     def _verify(self, s: int, raws: Sequence[bytes], crcs: np.ndarray, locator: Callable[[int], str]) -> None:
         """Refuse read units whose bytes are not the ones indexed (``crcs``: their CRC-32s);
         ``locator(k)`` names the k-th."""
-        bad = np.flatnonzero(crc32s(raws) != crcs)
-        if bad.size:
+        got = list(map(zlib.crc32, raws))
+        want = crcs.tolist()
+        if got != want:
+            bad = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
             raise self._changed_error(
                 s,
-                locator(int(bad[0])),
+                locator(bad),
                 "the bytes read are not the ones indexed: the file changed since it was indexed (its size and "
                 "modification time may be unchanged, or the index cache is stale)",
             )
