@@ -16,7 +16,7 @@ import numpy as np
 from .errors import BadRecord, DataError
 from .text import Reader, check_text, utf8_reason
 
-__all__ = ["ArrowReader", "ColumnReader", "column_crc", "is_text_type"]
+__all__ = ["ArrowReader", "ColumnDigest", "ColumnReader", "column_crc", "is_text_type"]
 
 #: an Arrow IPC stream ends with this end-of-stream marker (continuation token, length 0); a file
 #: cut at a message boundary reads as a shorter valid stream without it
@@ -34,34 +34,50 @@ def is_text_type(t: Any) -> bool:
     return any(c(t) for c in checks)
 
 
-def column_crc(col: Any, crc: int = 0) -> int:
-    """CRC-32 of a text column's values (their bytes, and which are null), continuing ``crc``:
-    the same however the column is split into chunks or batches.
+class ColumnDigest:
+    """CRC-32 of a text column's values (their bytes, their lengths, which are null), fed in
+    chunks or record batches: the same however the column is split.
 
     >>> import pyarrow as pa
-    >>> column_crc(pa.chunked_array([["ab"], [None, "c"]])) == column_crc(pa.array(["ab", None, "c"]))
-    True
+    >>> split = ColumnDigest().update(pa.array(["ab"])).update(pa.array([None, "c"])).value
+    >>> split == column_crc(pa.chunked_array([["ab", None], ["c"]])), split == column_crc(pa.array(["ab", "", "c"]))
+    (True, False)
     """
-    import pyarrow as pa
 
-    for ch in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
-        if len(ch) == 0:
-            continue
-        t = ch.type
-        if not (
-            pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
-        ):
-            ch = ch.cast(pa.large_binary())  # views: the same bytes in a flat layout
+    def __init__(self) -> None:
+        self._data = self._lens = self._nulls = 0
+
+    def update(self, col: Any) -> ColumnDigest:
+        """Add the next values (an Arrow array or chunked array); returns self."""
+        import pyarrow as pa
+
+        for ch in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
+            if len(ch) == 0:
+                continue
             t = ch.type
-        wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
-        bufs = ch.buffers()
-        offs = np.frombuffer(bufs[1], np.int64 if wide else np.int32)[ch.offset : ch.offset + len(ch) + 1]
-        if bufs[2] is not None and offs[-1] > offs[0]:
-            crc = zlib.crc32(memoryview(bufs[2])[int(offs[0]) : int(offs[-1])], crc)
-        if ch.null_count:
-            crc = zlib.crc32(ch.is_null().to_numpy(zero_copy_only=False).tobytes(), crc)
-        crc = zlib.crc32(np.diff(offs).astype(np.int64).tobytes(), crc)
-    return crc
+            flat = pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+            if not (flat or pa.types.is_large_binary(t)):
+                ch = ch.cast(pa.large_binary())  # views: the same bytes in a flat layout
+                t = ch.type
+            wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+            bufs = ch.buffers()
+            offs = np.frombuffer(bufs[1], np.int64 if wide else np.int32)[ch.offset : ch.offset + len(ch) + 1]
+            if bufs[2] is not None and offs[-1] > offs[0]:
+                self._data = zlib.crc32(memoryview(bufs[2])[int(offs[0]) : int(offs[-1])], self._data)
+            self._lens = zlib.crc32(np.diff(offs).astype(np.int64).tobytes(), self._lens)
+            nulls = ch.is_null().to_numpy(zero_copy_only=False) if ch.null_count else np.zeros(len(ch), bool)
+            self._nulls = zlib.crc32(nulls.tobytes(), self._nulls)
+        return self
+
+    @property
+    def value(self) -> int:
+        """The digest (uint32) of everything added."""
+        return zlib.crc32(np.array([self._data, self._lens, self._nulls], np.uint32).tobytes())
+
+
+def column_crc(col: Any) -> int:
+    """:class:`ColumnDigest` of one column (an Arrow array or chunked array)."""
+    return ColumnDigest().update(col).value
 
 
 class ColumnReader(Reader):
@@ -160,7 +176,7 @@ class ArrowReader(ColumnReader):
         r = self._arrow_reader(s)
         self._check_text_column(s, r.schema)
         lengths = []
-        crc = 0
+        digest = ColumnDigest()
         try:
             batches = (
                 r
@@ -170,7 +186,7 @@ class ArrowReader(ColumnReader):
             for b in batches:
                 col = b.column(self.ix.text_field)
                 lengths.append(pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))
-                crc = column_crc(col, crc)
+                digest.update(col)
         except pa.ArrowInvalid as e:
             raise self.ix._err(
                 s,
@@ -179,7 +195,7 @@ class ArrowReader(ColumnReader):
             ) from None
         return {
             "lengths": np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
-            "crcs": np.full(1, crc, np.uint32),  # the read unit: the whole text column
+            "crcs": np.full(1, digest.value, np.uint32),  # the read unit: the whole text column
         }
 
     def read(self, s: int, idx: np.ndarray) -> list[str | BadRecord]:

@@ -120,13 +120,14 @@ def _own_file(path: str) -> bool:
     return bool(_OWN_FILE.match(path.rstrip("/").rsplit("/", 1)[-1]))
 
 
-def _remote(entry: str, what: str, fn):
+def _remote(name: str, entry: str, what: str, fn):
     """``fn()`` on the storage of ``entry``, transient faults retried (a DataError naming the entry
     when they persist, or on another HTTP error)."""
 
     def fail(why: str) -> DataError:
         return DataError(
             f"{what} failed: the storage kept failing ({why})",
+            dataset=name,
             file=entry,
             fix="Check that the server is up and reachable; raise $ZEPHON_IO_RETRY_S (seconds of retries) or "
             "$ZEPHON_IO_TIMEOUT_S (seconds one request may stall) to wait longer.",
@@ -216,7 +217,7 @@ def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str |
         disp = lambda q, fs=fs: q if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(q)  # noqa: E731
         if any(c in p for c in "*?["):
             try:
-                matches = _remote(entry, "listing", lambda fs=fs, p=p: fs.glob(p, detail=True))
+                matches = _remote(name, entry, "listing", lambda fs=fs, p=p: fs.glob(p, detail=True))
             except PermissionError as e:
                 raise DataError(
                     f"permission denied while expanding the pattern '{entry}' ({e})",
@@ -244,7 +245,7 @@ def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str |
                 )
             continue
         try:
-            info = _remote(entry, "looking up", lambda fs=fs, p=p: fs.info(p))
+            info = _remote(name, entry, "looking up", lambda fs=fs, p=p: fs.info(p))
         except FileNotFoundError:
             raise DataError(
                 "file not found",
