@@ -67,8 +67,12 @@ class ShardFiles(ShardStore):
             "Check that the storage is reachable and the file is intact, then retry.",
         )
 
+    def _cache_path(self, s: int) -> str | None:
+        """Where shard s's metadata is cached (None: it is not; the index kinds say where)."""
+        return None
+
     def _changed_error(self, s: int, locator: str | None = None, what: str | None = None) -> DataError:
-        cache = getattr(self, "_cache_path", lambda s: None)(s)
+        cache = self._cache_path(s)
         again = (
             f"if it was replaced on purpose, delete its index cache '{cache}' and restart (a checkpoint taken on "
             "the old content cannot resume on the new)"
