@@ -15,9 +15,11 @@ keyed by the recipe's fingerprint and token estimates, so it is paid once per da
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -495,25 +497,64 @@ def fingerprint_of(spec: RecipeSpec, indexes: Sequence[ShardIndex], tok: TextTok
     return h.hexdigest()[:32]
 
 
+#: what a cached lane-count file holds: bump when counting changes (old files are then recounted)
+LANE_STEPS_FORMAT = 2
+
+
+def _zephon_version() -> str:
+    try:
+        return importlib.metadata.version("zephon")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
+        return "unknown"
+
+
 def lane_steps_key(p: Prepared) -> str:
     """What a finite recipe's per-lane step counts depend on: its fingerprint (data definition,
-    files, tokenizer, end mode) and the token estimates its plan was made with."""
+    files, tokenizer, end mode), the token estimates its plan was made with, its data version
+    and the zephon version that counts (another version may pack, hence count, differently)."""
     est = json.dumps(
         {k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(p.estimates.items())},
         sort_keys=True,
     )
-    return hashlib.sha256(f"{p.fingerprint}\0{est}".encode()).hexdigest()[:32]
+    ver = f"{LANE_STEPS_FORMAT}\0{_zephon_version()}\0{p.spec.data_version}"
+    return hashlib.sha256(f"{p.fingerprint}\0{est}\0{ver}".encode()).hexdigest()[:32]
 
 
-def _read_counts(path: str, lanes: int) -> list[int] | None:
+def _read_counts(path: str, p: Prepared, key: str) -> list[int] | None:
+    """The counts in ``path`` if the file is whole and was written for exactly this recipe,
+    data version and zephon version (its own record says so); None otherwise (count again)."""
     try:
         with open(path, encoding="utf-8") as f:
-            got = json.load(f).get("lane_steps")
+            rec = json.load(f)
+        got = rec.get("lane_steps")
+        mine = (rec.get("key"), rec.get("fingerprint"), rec.get("lanes"), rec.get("end"), rec.get("zephon"))
     except (OSError, ValueError, AttributeError):
         return None
-    if isinstance(got, list) and len(got) == lanes and all(type(n) is int and n >= 0 for n in got):
+    if mine != (key, p.fingerprint, p.spec.lanes, p.spec.end, _zephon_version()):
+        return None
+    if isinstance(got, list) and len(got) == p.spec.lanes and all(type(n) is int and n >= 0 for n in got):
         return got
     return None
+
+
+def _write_counts(path: str, record: dict[str, Any]) -> bool:
+    """Write ``record`` to ``path`` atomically; False (with a warning, nothing left behind) where
+    the folder is full or read-only: the counts are still used, just not kept."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        warnings.warn(
+            f"zephon: cannot write the lane step cache {path!r} ({e}); the counts are used but not kept. "
+            "Free space there or set ZEPHON_CACHE_DIR to a writable directory.",
+            stacklevel=3,
+        )
+        return False
 
 
 def cached_lane_steps(p: Prepared, count: Callable[[], Sequence[int]]) -> list[int]:
@@ -524,11 +565,13 @@ def cached_lane_steps(p: Prepared, count: Callable[[], Sequence[int]]) -> list[i
 
     The count is a pass over the data (read, tokenize, pack: what one epoch of loading costs,
     with the rank's workers); the file is keyed by :func:`lane_steps_key`, so any change of
-    the data definition counts again."""
+    the data definition (or of the data or zephon version) counts again; a full or read-only
+    folder counts without keeping the result."""
     folder = p.spec.cache_dir or default_cache_dir()
-    path = os.path.join(folder, f"lane_steps-{lane_steps_key(p)}.json")
+    key = lane_steps_key(p)
+    path = os.path.join(folder, f"lane_steps-{key}.json")
     lanes = p.spec.lanes
-    got = _read_counts(path, lanes)
+    got = _read_counts(path, p, key)
     if got is not None:
         return got
     try:
@@ -544,23 +587,24 @@ def cached_lane_steps(p: Prepared, count: Callable[[], Sequence[int]]) -> list[i
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the ranks of a node: one counts, the others wait and read
         try:
-            got = _read_counts(path, lanes)
+            got = _read_counts(path, p, key)
             if got is not None:
                 return got
             t0 = time.perf_counter()
             got = [int(n) for n in count()]
             seconds = time.perf_counter() - t0
             record = {
+                "key": key,
                 "fingerprint": p.fingerprint,
                 "lanes": lanes,
                 "end": p.spec.end,
+                "zephon": _zephon_version(),
+                "data_version": p.spec.data_version,
                 "lane_steps": got,
                 "count_seconds": round(seconds, 3),
             }
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(record, f)
-            os.replace(tmp, path)
+            if not _write_counts(path, record):
+                return got
             _LOG.info(
                 "zephon: counted the micro-batches of the %d lanes of a finite recipe in %.1f s (%d..%d per lane); "
                 "cached in %s",

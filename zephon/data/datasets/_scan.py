@@ -86,7 +86,8 @@ class LineScanner:
     Produces, per record (non-blank line): byte offset and byte length in the stream (line
     terminator and a trailing ``\\r`` excluded; a leading UTF-8 BOM on the first line excluded),
     plus a sparse map from record index to physical line number (``gap_rec``/``gap_cum``:
-    from record ``gap_rec[k]`` on, ``gap_cum[k]`` blank lines precede the record).
+    from record ``gap_rec[k]`` on, ``gap_cum[k]`` blank lines precede the record), and each
+    record's CRC-32 (``crcs``, uint32: what a read checks the bytes it gets against).
 
     Linear in the stream's length whatever its lines' lengths: each chunk is searched for
     newlines once, and a line longer than ``carry_limit`` bytes is followed by its metadata
@@ -98,6 +99,8 @@ class LineScanner:
     ...     sc.feed(chunk)
     >>> a = sc.finish(); a["offsets"].tolist(), a["lengths"].tolist()
     ([0, 7, 20], [2, 11, 1])
+    >>> a["crcs"].tolist() == [zlib.crc32(b) for b in (b"ab", b"longer line", b"x")]
+    True
     """
 
     def __init__(self, carry_limit: int = 1 << 20) -> None:
@@ -109,7 +112,9 @@ class LineScanner:
         self._long_ws = True
         self._long_last = -1
         self._long_bom = False
+        self._long_crc = 0  # CRC-32 of the long line so far, without its last byte (_long_last)
         self._offs: list[np.ndarray] = []
+        self._crcs: list[np.ndarray] = []
         self._lens: list[np.ndarray] = []
         self._gap_rec: list[np.ndarray] = []
         self._gap_cum: list[np.ndarray] = []
@@ -149,6 +154,7 @@ class LineScanner:
             self._long_len = 0
             self._long_ws = True
             self._long_last = -1
+            self._long_crc = 0
             self._extend_long(arr[3:] if self._long_bom else arr)
             self._carry = b""
         else:
@@ -156,6 +162,10 @@ class LineScanner:
 
     def _extend_long(self, arr: np.ndarray) -> None:
         if arr.size:
+            # the last byte is held back: a final \r is not part of the record
+            if self._long_last >= 0:
+                self._long_crc = zlib.crc32(bytes((self._long_last,)), self._long_crc)
+            self._long_crc = zlib.crc32(arr[:-1].tobytes(), self._long_crc)
             self._long_len += int(arr.size)
             self._long_ws = self._long_ws and bool(_WS[arr].all())
             self._long_last = int(arr[-1])
@@ -164,8 +174,16 @@ class LineScanner:
         """The long line in progress ended (a newline, or the end of the stream): record it."""
         start = self._base + (3 if self._long_bom else 0)
         length = self._long_len - (1 if self._long_last == 13 else 0)
+        crc = self._long_crc
+        if self._long_last not in (-1, 13):
+            crc = zlib.crc32(bytes((self._long_last,)), crc)
         self._first = False
-        self._record(np.array([start], np.int64), np.array([length], np.int64), np.array([not self._long_ws]))
+        self._record(
+            np.array([start], np.int64),
+            np.array([length], np.int64),
+            np.array([not self._long_ws]),
+            np.array([crc], np.uint32),
+        )
         self._base = start + self._long_len + 1  # stream offset after its newline
         self._long = False
 
@@ -186,6 +204,7 @@ class LineScanner:
             "lengths": cat(self._lens),
             "gap_rec": cat(self._gap_rec),
             "gap_cum": cat(self._gap_cum),
+            "crcs": np.concatenate(self._crcs) if self._crcs else np.zeros(0, np.uint32),
         }
 
     def _process(self, buf: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
@@ -209,10 +228,16 @@ class LineScanner:
             for j in np.flatnonzero(nz & _WS[first]):  # rare: lines starting with whitespace
                 if buf[starts[j] : ends[j]].isspace():
                     nonblank[j] = False
-        self._record(starts + self._base, lens, nonblank)
+        mv = memoryview(buf)
+        crcs = np.fromiter(
+            (zlib.crc32(mv[a:b]) for a, b in zip(starts[nonblank].tolist(), ends[nonblank].tolist())),
+            np.uint32,
+            int(nonblank.sum()),
+        )
+        self._record(starts + self._base, lens, nonblank, crcs)
 
-    def _record(self, starts: np.ndarray, lens: np.ndarray, nonblank: np.ndarray) -> None:
-        """Book lines (absolute start offsets, lengths, whether each is a record)."""
+    def _record(self, starts: np.ndarray, lens: np.ndarray, nonblank: np.ndarray, crcs: np.ndarray) -> None:
+        """Book lines (absolute start offsets, lengths, whether each is a record, the records' CRC-32s)."""
         cumblank = np.cumsum(~nonblank, dtype=np.int64) + self._blanks
         rec_lines = np.flatnonzero(nonblank)
         if rec_lines.size:
@@ -224,6 +249,7 @@ class LineScanner:
             self._last_bb = int(bb[-1])
             self._offs.append(starts[rec_lines])
             self._lens.append(lens[rec_lines])
+            self._crcs.append(crcs)
             self._nrec += rec_lines.size
         if cumblank.size:
             self._blanks = int(cumblank[-1])

@@ -8,6 +8,7 @@ end-of-stream marker, so a file cut at a message boundary is refused instead of 
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from .errors import BadRecord, DataError
 from .text import Reader, check_text, utf8_reason
 
-__all__ = ["ArrowReader", "ColumnReader", "is_text_type"]
+__all__ = ["ArrowReader", "ColumnDigest", "ColumnReader", "column_crc", "is_text_type"]
 
 #: an Arrow IPC stream ends with this end-of-stream marker (continuation token, length 0); a file
 #: cut at a message boundary reads as a shorter valid stream without it
@@ -31,6 +32,52 @@ def is_text_type(t: Any) -> bool:
         if hasattr(pa.types, name):
             checks.append(getattr(pa.types, name))
     return any(c(t) for c in checks)
+
+
+class ColumnDigest:
+    """CRC-32 of a text column's values (their bytes, their lengths, which are null), fed in
+    chunks or record batches: the same however the column is split.
+
+    >>> import pyarrow as pa
+    >>> split = ColumnDigest().update(pa.array(["ab"])).update(pa.array([None, "c"])).value
+    >>> split == column_crc(pa.chunked_array([["ab", None], ["c"]])), split == column_crc(pa.array(["ab", "", "c"]))
+    (True, False)
+    """
+
+    def __init__(self) -> None:
+        self._data = self._lens = self._nulls = 0
+
+    def update(self, col: Any) -> ColumnDigest:
+        """Add the next values (an Arrow array or chunked array); returns self."""
+        import pyarrow as pa
+
+        for ch in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
+            if len(ch) == 0:
+                continue
+            t = ch.type
+            flat = pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+            if not (flat or pa.types.is_large_binary(t)):
+                ch = ch.cast(pa.large_binary())  # views: the same bytes in a flat layout
+                t = ch.type
+            wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+            bufs = ch.buffers()
+            offs = np.frombuffer(bufs[1], np.int64 if wide else np.int32)[ch.offset : ch.offset + len(ch) + 1]
+            if bufs[2] is not None and offs[-1] > offs[0]:
+                self._data = zlib.crc32(memoryview(bufs[2])[int(offs[0]) : int(offs[-1])], self._data)
+            self._lens = zlib.crc32(np.diff(offs).astype(np.int64).tobytes(), self._lens)
+            nulls = ch.is_null().to_numpy(zero_copy_only=False) if ch.null_count else np.zeros(len(ch), bool)
+            self._nulls = zlib.crc32(nulls.tobytes(), self._nulls)
+        return self
+
+    @property
+    def value(self) -> int:
+        """The digest (uint32) of everything added."""
+        return zlib.crc32(np.array([self._data, self._lens, self._nulls], np.uint32).tobytes())
+
+
+def column_crc(col: Any) -> int:
+    """:class:`ColumnDigest` of one column (an Arrow array or chunked array)."""
+    return ColumnDigest().update(col).value
 
 
 class ColumnReader(Reader):
@@ -87,7 +134,11 @@ class ArrowReader(ColumnReader):
             if sp.local:
                 src = pa.memory_map(sp.fspath, "r")
             else:
-                src = pa.BufferReader(self.ix._caches["blobs"].get(("raw", s), lambda: sp.fs.cat_file(sp.fspath)))
+                src = pa.BufferReader(
+                    self.ix._caches["blobs"].get(
+                        ("raw", s), lambda: self.ix._retrying(s, "reading", lambda: sp.fs.cat_file(sp.fspath))
+                    )
+                )
         except OSError as e:
             if isinstance(e, (FileNotFoundError, PermissionError)) or not isinstance(e, pa.ArrowException):
                 raise self.ix._io_error(s, e, "reading") from None
@@ -125,6 +176,7 @@ class ArrowReader(ColumnReader):
         r = self._arrow_reader(s)
         self._check_text_column(s, r.schema)
         lengths = []
+        digest = ColumnDigest()
         try:
             batches = (
                 r
@@ -134,13 +186,17 @@ class ArrowReader(ColumnReader):
             for b in batches:
                 col = b.column(self.ix.text_field)
                 lengths.append(pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))
+                digest.update(col)
         except pa.ArrowInvalid as e:
             raise self.ix._err(
                 s,
                 f"corrupt or truncated Arrow data: {e}",
                 "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
             ) from None
-        return {"lengths": np.concatenate(lengths) if lengths else np.zeros(0, np.int64)}
+        return {
+            "lengths": np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
+            "crcs": np.full(1, digest.value, np.uint32),  # the read unit: the whole text column
+        }
 
     def read(self, s: int, idx: np.ndarray) -> list[str | BadRecord]:
         """Rows ``idx`` from the shard's text column (memory-mapped when local, cached)."""
@@ -157,7 +213,12 @@ class ArrowReader(ColumnReader):
                     f"corrupt or truncated Arrow data: {e}",
                     "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
                 ) from None
-            return t.column(self.ix.text_field)
+            col = t.column(self.ix.text_field)
+            if column_crc(col) != int(self.ix._shard(s)["crcs"][0]):
+                raise self.ix._changed_error(
+                    s, None, "the text column read is not the one indexed: the file changed since it was indexed"
+                )
+            return col
 
         out: list = [None] * idx.size
         keep = self.drop_oversized(s, idx, self.ix._shard(s)["lengths"][idx], out)

@@ -59,8 +59,9 @@ EMPTY = ("bad", "document")
 #: (an error naming file and line, or a counted skip), read neither at indexing nor at run time
 DEFAULT_MAX_RECORD_BYTES = 32 << 20
 TEXT_MODES = ("line", "file")
-CACHE_FORMAT_VERSION = 1
-_ARRAY_KEYS = ("offsets", "lengths", "gap_rec", "gap_cum", "groups")
+#: 2: every read unit's CRC-32 (``crcs``), checked on every read
+CACHE_FORMAT_VERSION = 2
+_ARRAY_KEYS = ("offsets", "lengths", "gap_rec", "gap_cum", "groups", "crcs")
 _FORMAT_FIX = 'Set format = "jsonl" (or "parquet", "text", "arrow") for this dataset in the recipe'
 #: the reader of each (format, text_mode)
 _READERS: dict[tuple[str, str], type[Reader]] = {
@@ -75,8 +76,26 @@ _READERS: dict[tuple[str, str], type[Reader]] = {
 }
 
 
+def _dtype(key: str) -> type:
+    return np.uint32 if key == "crcs" else np.int64
+
+
 def _empty_arrays() -> dict[str, np.ndarray]:
-    return {k: np.zeros(0, np.int64) for k in _ARRAY_KEYS}
+    return {k: np.zeros(0, _dtype(k)) for k in _ARRAY_KEYS}
+
+
+def content_version(arrays: dict[str, np.ndarray]) -> str:
+    """The identity of a shard that its storage reports no version of (an HTTP server without
+    ETag or Last-Modified): a digest of its indexed records (their places, sizes and CRC-32s).
+
+    >>> content_version(_empty_arrays())[:8]
+    'content:'
+    """
+    h = hashlib.sha256()
+    for k in _ARRAY_KEYS:
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(arrays[k], _dtype(k)).tobytes())
+    return "content:" + h.hexdigest()[:32]
 
 
 def _cache_key(url: str, fmt: str, text_field: str, text_mode: str) -> str:
@@ -201,8 +220,9 @@ class DatasetIndex(ShardFiles):
         arrays = _empty_arrays()
         if self._specs[s].size == 0:
             return arrays  # zero-byte shard: allowed, no records
-        arrays.update(self._reader.build(s))
-        return arrays
+        # a remote fault restarts the shard's indexing from its start (within the retry budget)
+        arrays.update(self._retrying(s, "indexing", lambda: self._reader.build(s)))
+        return {k: v.astype(_dtype(k), copy=False) for k, v in arrays.items()}
 
     # -- metadata cache -------------------------------------------------------------------------
     def _cache_path(self, s: int) -> str | None:
@@ -233,7 +253,7 @@ class DatasetIndex(ShardFiles):
                 want = self._header(s, size, version, header.get("num_records") if n is None else n)
                 if header != want:
                     return None  # stale or foreign: never use it
-                arrays = {k: z[k].astype(np.int64, copy=False) for k in _ARRAY_KEYS}
+                arrays = {k: z[k].astype(_dtype(k), copy=False) for k in _ARRAY_KEYS}
             if len(arrays["lengths"]) != header["num_records"]:
                 return None
             return arrays
@@ -262,18 +282,22 @@ class DatasetIndex(ShardFiles):
 
     def _load_cached(self, s: int) -> dict[str, np.ndarray] | None:
         sp = self._specs[s]
+        if not sp.version:
+            return None  # the storage reports no version: a cache entry cannot be told stale
         return self._load_cache(s, sp.size, sp.version, None)
 
     def _reload(self, s: int) -> dict[str, np.ndarray]:
-        m = self.shards[s]
-        a = self._load_cache(s, m.size_bytes, m.version, m.num_records)
-        if a is None:
+        m, sp = self.shards[s], self._specs[s]
+        a = self._load_cache(s, m.size_bytes, sp.version, m.num_records)
+        if a is None or (m.version.startswith("content:") and content_version(a) != m.version):
             # cache gone (cleaned?) or rebuilt for a newer file: rebuild only if the file is
             # still the one we indexed
-            if stat_spec(self._specs[s]) != (m.size_bytes, m.version):
+            if self._retrying(s, "checking", lambda: stat_spec(sp)) != (m.size_bytes, sp.version):
                 raise self._changed_error(s)
             a = self._build_arrays(s)
-            if len(a["lengths"]) != m.num_records:
+            if len(a["lengths"]) != m.num_records or (
+                m.version.startswith("content:") and content_version(a) != m.version
+            ):
                 raise self._changed_error(s)
             self._cached[s] = self._store(s, a)
         for v in a.values():
@@ -387,7 +411,8 @@ def index_dataset(
             v.flags.writeable = False
         idx._arrays[s] = arrays
         idx._cached[s] = cached
-        shards.append(ShardMeta(sp.display, int(len(arrays["lengths"])), sp.size, sp.version))
+        version = sp.version or content_version(arrays)  # no version from the storage: the content's
+        shards.append(ShardMeta(sp.display, int(len(arrays["lengths"])), sp.size, version))
     out = DatasetIndex(
         name, fmt, text_field, text_mode, specs, shards, cache_dir, idx._arrays, idx._cached, max_record_bytes
     )

@@ -169,7 +169,7 @@ class MultimodalIndex(ImageTextStore):
         if path is None or self.cache_dir is None:
             return False
         try:
-            write_npz(self.cache_dir, path, arrays)
+            write_npz(self.cache_dir, path, arrays, prefix=os.path.basename(path) + ".")  # named as zephon's
             return True
         except OSError as e:
             warnings.warn(f"zephon: cannot write the index cache in {self.cache_dir!r} ({e})", stacklevel=3)

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from .arrow import ColumnReader
+from .arrow import ColumnReader, column_crc
 from .errors import BadRecord
+from .retry import transient
 
 __all__ = ["ParquetReader"]
 
@@ -39,6 +40,8 @@ class ParquetReader(ColumnReader):
             except (FileNotFoundError, PermissionError) as e:
                 raise self.ix._io_error(s, e, "reading") from None
             except (pa.ArrowException, OSError) as e:
+                if transient(e):
+                    raise  # retried by the caller
                 raise self.ix._err(
                     s,
                     f"not a valid Parquet file (corrupt or truncated footer?): {e}",
@@ -62,6 +65,7 @@ class ParquetReader(ColumnReader):
             md = pf.metadata
             counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
             lengths = []
+            crcs = []
             for rg in range(md.num_row_groups):
                 try:
                     col = pf.read_row_group(rg, columns=[self.ix.text_field]).column(0)
@@ -72,10 +76,11 @@ class ParquetReader(ColumnReader):
                         "Re-download or rewrite the file, or remove it from the dataset's path list.",
                     ) from None
                 lengths.append(pc.binary_length(col).fill_null(0).to_numpy().astype(np.int64))
+                crcs.append(column_crc(col))  # a row group's text column: the read unit
         groups = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=groups[1:])
         lens = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        return {"groups": groups, "lengths": lens}
+        return {"groups": groups, "lengths": lens, "crcs": np.array(crcs, np.uint32)}
 
     def read(self, s: int, idx: np.ndarray) -> list[str | BadRecord]:
         """Rows ``idx``, each row group's text column read once (and cached)."""
@@ -95,9 +100,19 @@ class ParquetReader(ColumnReader):
         return out
 
     def _load_row_group(self, s: int, rg: int) -> Any:
-        import pyarrow as pa
-
+        """Row group rg's text column, checked against its CRC-32 in the index."""
         self.ix._check_unchanged_before_read(s)
+        col = self.ix._retrying(s, "reading", lambda: self._read_row_group(s, rg))
+        if column_crc(col) != int(self.ix._shard(s)["crcs"][rg]):
+            raise self.ix._changed_error(
+                s,
+                f"row group {rg}",
+                "the text column read is not the one indexed: the file changed since it was indexed",
+            )
+        return col
+
+    def _read_row_group(self, s: int, rg: int) -> Any:
+        import pyarrow as pa
 
         def meta() -> Any:
             with self._parquet_file(s) as pf:
@@ -108,6 +123,8 @@ class ParquetReader(ColumnReader):
             try:
                 col = pf.read_row_group(rg, columns=[self.ix.text_field]).column(0)
             except (pa.ArrowException, OSError) as e:
+                if transient(e):
+                    raise  # retried by the caller
                 raise self.ix._err(
                     s,
                     f"cannot read row group {rg}: {e}",

@@ -12,6 +12,7 @@ import datetime as _dt
 import errno
 import json
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import DataError
+from .retry import storage_failure, storage_options, with_retries
 
 __all__ = [
     "FORMATS",
@@ -64,6 +66,7 @@ _VERSION_KEYS = (
     "generation",
     "mtime",
     "LastModified",
+    "Last-Modified",
     "last_modified",
     "updated",
     "modified",
@@ -107,6 +110,44 @@ def _ext_info(path: str) -> tuple[str | None, str | None]:
             break
     dot = name.rfind(".")
     return (_EXT_FORMAT.get(name[dot:]) if dot > 0 else None), comp
+
+
+#: the names of zephon's own cache files (index caches, lane step counts, their temporary and lock
+#: files): never data, even where the cache folder lies inside a dataset's folder or glob
+_OWN_FILE = re.compile(r"^(?:(?:mm-)?[0-9a-f]{64}\.npz|lane_steps-[0-9a-f]{32}\.json)(?:\..*)?$")
+
+
+def _own_file(path: str) -> bool:
+    """Whether ``path`` is one of zephon's cache files (by name).
+
+    >>> _own_file("/c/" + "ab" * 32 + ".npz"), _own_file("lane_steps-" + "0" * 32 + ".json.lock"), _own_file("a.npz")
+    (True, True, False)
+    """
+    return bool(_OWN_FILE.match(path.rstrip("/").rsplit("/", 1)[-1]))
+
+
+def _remote(name: str, entry: str, what: str, fn):
+    """``fn()`` on the storage of ``entry``, transient faults retried (a DataError naming the entry
+    when they persist, or on another HTTP error)."""
+
+    def fail(why: str) -> DataError:
+        return DataError(
+            f"{what} failed: the storage kept failing ({why})",
+            dataset=name,
+            file=entry,
+            fix="Check that the server is up and reachable; raise $ZEPHON_IO_RETRY_S (seconds of retries) or "
+            "$ZEPHON_IO_TIMEOUT_S (seconds one request may stall) to wait longer.",
+        )
+
+    try:
+        return with_retries(fn, fail)
+    except Exception as e:
+        why = storage_failure(e)
+        if why is None:
+            raise
+        raise DataError(
+            f"{what} failed: {why}", file=entry, fix="Check the URL and the server's permissions."
+        ) from None
 
 
 def _version_of(info: dict) -> str:
@@ -172,7 +213,7 @@ def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str |
     out: list[tuple[Any, str, dict, str | None]] = []
     for entry in entries:
         try:
-            fs, p = fsspec.core.url_to_fs(entry)
+            fs, p = fsspec.core.url_to_fs(entry, **storage_options(entry))
         except (ImportError, ValueError) as e:
             raise DataError(
                 f"cannot open the file system for '{entry}': {e}",
@@ -182,7 +223,7 @@ def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str |
         disp = lambda q, fs=fs: q if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(q)  # noqa: E731
         if any(c in p for c in "*?["):
             try:
-                matches = fs.glob(p, detail=True)
+                matches = _remote(name, entry, "listing", lambda fs=fs, p=p: fs.glob(p, detail=True))
             except PermissionError as e:
                 raise DataError(
                     f"permission denied while expanding the pattern '{entry}' ({e})",
@@ -191,6 +232,8 @@ def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str |
                 ) from None
             n = 0
             for mp, info in sorted(matches.items()):
+                if _own_file(mp):
+                    continue
                 if info.get("type") == "directory":
                     if fs.exists(mp.rstrip("/") + "/state.json"):
                         got = _arrow_folder(name, fs, mp, fmt, disp)
@@ -209,7 +252,7 @@ def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str |
                 )
             continue
         try:
-            info = fs.info(p)
+            info = _remote(name, entry, "looking up", lambda fs=fs, p=p: fs.info(p))
         except FileNotFoundError:
             if isinstance(fs, LocalFileSystem) and os.path.islink(p):
                 _check_link(name, fs, p, {"islink": True})
@@ -289,7 +332,9 @@ def _expand_dir(name, fs, p, fmt, disp):
     files = [
         (fs, fp, info, None)
         for fp, info in sorted(found.items())
-        if info.get("type") != "directory" and not fp[len(base) :].lstrip("/").split("/")[-1].startswith((".", "_"))
+        if info.get("type") != "directory"
+        and not fp[len(base) :].lstrip("/").split("/")[-1].startswith((".", "_"))
+        and not _own_file(fp)
     ]
     if not files:
         raise DataError(

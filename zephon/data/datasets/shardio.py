@@ -1,20 +1,31 @@
 """Reading a text shard's bytes: opening it, its decompressed stream, coalesced byte-range
-reads, the identity check before each read of a local file, and OS errors mapped to
+reads, the identity check before each read of a local file, remote faults retried within a
+bounded time (:mod:`.retry`), and OS and storage errors mapped to
 :class:`~zephon.data.datasets.errors.DataError` naming the file and how to fix it.
+
+Size and modification time are not identity (a file rewritten in place can keep both, a server
+may send neither): the readers keep a CRC-32 of every read unit in the index (a record's bytes,
+a row group's text column) and :meth:`ShardFiles._verify` checks it on every read.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from typing import Any
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
 
 from ._scan import CompressionError, iter_decompressed
 from .cache import ShardStore
 from .errors import DataError
 from .resolve import ShardSpec
+from .retry import RangeIgnoredError, storage_failure, transient, with_retries
 
 __all__ = ["ShardFiles"]
+
+T = TypeVar("T")
 
 # read coalescing for plain (seekable) files: neighbouring records closer than _GAP bytes are
 # fetched with one read, up to _MAX_SPAN bytes per read.
@@ -58,19 +69,92 @@ class ShardFiles(ShardStore):
             "Check that the storage is reachable and the file is intact, then retry.",
         )
 
-    def _changed_error(self, s: int) -> DataError:
+    def _cache_path(self, s: int) -> str | None:
+        """Where shard s's metadata is cached (None: it is not; the index kinds say where)."""
+        return None
+
+    def _changed_error(self, s: int, locator: str | None = None, what: str | None = None) -> DataError:
+        cache = self._cache_path(s)
+        again = (
+            f"if it was replaced on purpose, delete its index cache '{cache}' and restart (a checkpoint taken on "
+            "the old content cannot resume on the new)"
+            if cache
+            else "restart so that the dataset is indexed again"
+        )
         return self._err(
             s,
-            "the file changed since it was indexed",
-            "Do not modify shard files during a run; restart so that index_dataset re-indexes it.",
+            what or "the file changed since it was indexed",
+            f"Do not modify or replace shard files during a run; {again}.",
+            locator,
         )
 
-    def _open(self, s: int, doing: str = "reading") -> Any:
+    def _range_error(self, s: int, detail: str) -> DataError:
+        return self._err(
+            s,
+            f"the server ignores HTTP Range requests ({detail}); zephon reads records by byte range",
+            "Serve the files from a server that supports Range requests (most object stores and web servers "
+            "do; Python's http.server does not), or copy the dataset to local disk.",
+        )
+
+    def _retrying(self, s: int, doing: str, fn: Callable[[], T]) -> T:
+        """``fn()`` (an operation on shard s's file); for a remote file, transient faults (5xx,
+        dropped connections, stalls) are retried with backoff inside ``$ZEPHON_IO_RETRY_S``, then
+        raised as a DataError naming the URL; other HTTP errors are DataErrors at once."""
+        if self._specs[s].local:
+            return fn()
+
+        def fail(why: str) -> DataError:
+            return self._err(
+                s,
+                f"{doing} failed: the storage kept failing ({why})",
+                "Check that the server is up and reachable; raise $ZEPHON_IO_RETRY_S (seconds of retries) or "
+                "$ZEPHON_IO_TIMEOUT_S (seconds one request may stall) to wait longer.",
+            )
+
+        try:
+            return with_retries(fn, fail)
+        except DataError:
+            raise
+        except RangeIgnoredError as e:
+            raise self._range_error(s, str(e)) from None
+        except ValueError as e:
+            if "range requests" in str(e):  # fsspec's HTTPFile on a server without Range support
+                raise self._range_error(s, "it answered a request for a block with the whole file") from None
+            raise
+        except Exception as e:
+            why = storage_failure(e)
+            if why is None:
+                raise
+            raise self._err(s, f"{doing} failed: {why}", "Check the URL and the server's permissions.") from None
+
+    def _open(self, s: int, doing: str = "reading", stream: bool = False) -> Any:
+        """Shard s's file; ``stream``: read once from the start (over HTTP: one plain GET, no
+        Range requests)."""
         sp = self._specs[s]
         try:
-            return open(sp.fspath, "rb") if sp.local else sp.fs.open(sp.fspath, "rb")
+            if sp.local:
+                return open(sp.fspath, "rb")
+            if stream and "http" in sp.fs.protocol:
+                return sp.fs.open(sp.fspath, "rb", block_size=0, size=sp.size if sp.size > 0 else None)
+            return sp.fs.open(sp.fspath, "rb")
         except OSError as e:
+            if transient(e):
+                raise
             raise self._io_error(s, e, doing) from None
+
+    def _verify(self, s: int, raws: Sequence[bytes], crcs: np.ndarray, locator: Callable[[int], str]) -> None:
+        """Refuse read units whose bytes are not the ones indexed (``crcs``: their CRC-32s);
+        ``locator(k)`` names the k-th."""
+        got = list(map(zlib.crc32, raws))
+        want = crcs.tolist()
+        if got != want:
+            bad = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
+            raise self._changed_error(
+                s,
+                locator(bad),
+                "the bytes read are not the ones indexed: the file changed since it was indexed (its size and "
+                "modification time may be unchanged, or the index cache is stale)",
+            )
 
     def _check_unchanged_before_read(self, s: int) -> None:
         """Local shards: refuse to read a file that changed since it was indexed."""
@@ -89,7 +173,7 @@ class ShardFiles(ShardStore):
     def _stream(self, s: int, doing: str) -> Iterator[bytes]:
         """Decompressed chunks of shard s, with errors mapped to DataError."""
         sp = self._specs[s]
-        f = self._open(s, doing)
+        f = self._open(s, doing, stream=True)
         try:
             yield from iter_decompressed(f, sp.compression)
         except CompressionError as e:
@@ -101,6 +185,8 @@ class ShardFiles(ShardStore):
                 "or remove it from the dataset's path list in the recipe.",
             ) from None
         except OSError as e:
+            if transient(e):
+                raise
             raise self._io_error(s, e, doing) from None
         finally:
             f.close()
@@ -110,8 +196,7 @@ class ShardFiles(ShardStore):
     def _blob(self, s: int) -> bytes:
         def load() -> bytes:
             self._check_unchanged_before_read(s)
-            data = b"".join(self._stream(s, "reading"))
-            return data
+            return self._retrying(s, "reading", lambda: b"".join(self._stream(s, "reading")))
 
         return self._caches["blobs"].get(s, load)
 
@@ -145,13 +230,7 @@ class ShardFiles(ShardStore):
             finally:
                 os.close(fd)
         else:
-            try:
-                datas = sp.fs.cat_ranges([sp.fspath] * len(groups), [g[0] for g in groups], [g[1] for g in groups])
-            except OSError as e:
-                raise self._io_error(s, e, "reading") from None
-            for d in datas:
-                if isinstance(d, BaseException):
-                    raise self._io_error(s, d if isinstance(d, OSError) else OSError(str(d)), "reading")
+            datas = self._retrying(s, "reading", lambda: self._fetch_ranges(s, groups))
         for (o, end, ks), d in zip(groups, datas):
             if len(d) != end - o:
                 raise self._changed_error(s)
@@ -159,3 +238,22 @@ class ShardFiles(ShardStore):
                 a = offs[k] - o
                 out[k] = d[a : a + lens[k]]
         return out
+
+    def _fetch_ranges(self, s: int, groups: list[list]) -> list[bytes]:
+        """One try at the byte ranges ``groups`` of remote shard s (errors raised as they are,
+        for :meth:`_retrying`; a whole-file answer to a range request as RangeIgnoredError)."""
+        sp = self._specs[s]
+        try:
+            datas = sp.fs.cat_ranges([sp.fspath] * len(groups), [g[0] for g in groups], [g[1] for g in groups])
+        except OSError as e:
+            if transient(e):
+                raise
+            raise self._io_error(s, e, "reading") from None
+        for (o, end, _), d in zip(groups, datas):
+            if isinstance(d, BaseException):
+                if isinstance(d, OSError) and not transient(d):
+                    raise self._io_error(s, d, "reading")
+                raise d
+            if len(d) > end - o:
+                raise RangeIgnoredError(f"it answered a request for bytes {o}..{end - 1} with {len(d)} bytes")
+        return datas

@@ -10,6 +10,7 @@ no parse), so a read is a few coalesced ``pread`` calls; the text is checked as 
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -139,6 +140,7 @@ class LineReader(Reader):
         if todo.size:
             sel = idx[todo]
             raws = ix._read_ranges(s, a["offsets"][sel].tolist(), a["lengths"][sel].tolist())
+            ix._verify(s, raws, a["crcs"][sel], lambda k: self.locator(s, int(sel[k])))
             parse = self.parser()
             for k, i, (text, reason) in zip(todo.tolist(), sel.tolist(), map(parse, raws)):
                 if reason is None and text is not None:
@@ -156,16 +158,21 @@ class TextFileReader(LineReader):
         return partial(parse_text_file, empty_ok=self.ix.empty_ok)
 
     def build(self, s: int) -> dict[str, np.ndarray]:
-        """One record of the (decompressed) file's size; none for an empty file."""
+        """One record of the (decompressed) file's size and CRC-32 (the file is read once);
+        none for an empty file."""
         ix, sp = self.ix, self.ix._specs[s]
-        if sp.compression:
-            total = sum(len(c) for c in ix._stream(s, "indexing"))
-        else:
-            if sp.local and not os.access(sp.fspath, os.R_OK):
-                raise ix._io_error(s, PermissionError("not readable"), "indexing")
-            total = sp.size
+        if sp.local and not os.access(sp.fspath, os.R_OK):
+            raise ix._io_error(s, PermissionError("not readable"), "indexing")
+        total = crc = 0
+        for c in ix._stream(s, "indexing"):
+            total += len(c)
+            crc = zlib.crc32(c, crc)
         if total > 0:
-            return {"offsets": np.zeros(1, np.int64), "lengths": np.full(1, total, np.int64)}
+            return {
+                "offsets": np.zeros(1, np.int64),
+                "lengths": np.full(1, total, np.int64),
+                "crcs": np.full(1, crc, np.uint32),
+            }
         return {}
 
     def locator(self, s: int, i: int) -> str:

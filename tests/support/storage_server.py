@@ -1,0 +1,109 @@
+"""A loopback HTTP file server with faults on demand, for the storage tests: answers 500 (the
+next N requests, or all), drops the connection mid-answer, stalls, ignores Range, omits ETag and
+Last-Modified, and serves files that the test replaces while it runs."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FaultyServer:
+    """``files``: path -> bytes (replace entries while running). Faults: ``fail_next`` (that many
+    requests get a 500), ``drop_next`` (that many are cut off after the headers), ``stall_s``
+    (every request waits that long before answering), ``ignore_range``, ``versions`` (send ETag
+    and Last-Modified). ``requests`` counts what the server saw."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.fail_next = 0
+        self.fail_always = False
+        self.drop_next = 0
+        self.stall_s = 0.0
+        self.ignore_range = False
+        self.versions = True
+        self.requests = 0
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a) -> None:  # quiet
+                pass
+
+            def do_HEAD(self) -> None:
+                self._answer(head=True)
+
+            def do_GET(self) -> None:
+                self._answer(head=False)
+
+            def _answer(self, head: bool) -> None:
+                with server._lock:
+                    server.requests += 1
+                    fail = server.fail_always or server.fail_next > 0
+                    if server.fail_next > 0:
+                        server.fail_next -= 1
+                    drop = not fail and not head and server.drop_next > 0
+                    if drop:
+                        server.drop_next -= 1
+                if server.stall_s:
+                    time.sleep(server.stall_s)
+                if fail:
+                    body = b"internal error"
+                    self.send_response(500)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    if not head:
+                        self.wfile.write(body)
+                    return
+                data = server.files.get(self.path)
+                if data is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                rng = self.headers.get("Range")
+                status, start, end = 200, 0, len(data)
+                if rng and not server.ignore_range and rng.startswith("bytes="):
+                    a, _, b = rng[6:].partition("-")
+                    start = int(a) if a else 0
+                    end = min(len(data), int(b) + 1) if b else len(data)
+                    status = 206
+                body = data[start:end]
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                if status == 206:
+                    self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+                if server.versions:
+                    self.send_header("ETag", '"' + hashlib.md5(data).hexdigest() + '"')
+                    self.send_header("Last-Modified", "Wed, 02 Dec 2026 10:00:00 GMT")
+                self.end_headers()
+                if head:
+                    return
+                if drop:  # half the body, then the connection goes away
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def __enter__(self) -> FaultyServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stall_s = 0.0
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,137 @@
+"""Remote storage faults: which errors are transient (a 5xx answer, a dropped connection, a
+stall), retrying them with backoff inside a bounded time, and the timeouts of HTTP storage.
+
+Why here: fsspec's HTTP file system raises aiohttp's own exceptions (not OSError) and waits up
+to aiohttp's defaults (minutes) on a stalled server. Every remote operation of the text index
+goes through :func:`with_retries`, so a flaky server costs a few retries and a dead one a clear
+error naming the URL, within ``ZEPHON_IO_RETRY_S`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = [
+    "RangeIgnoredError",
+    "io_retry_s",
+    "io_timeout_s",
+    "storage_failure",
+    "storage_options",
+    "transient",
+    "with_retries",
+]
+
+T = TypeVar("T")
+
+try:  # aiohttp comes with fsspec's HTTP backend; without it there are no aiohttp errors to catch
+    import aiohttp as _aiohttp
+except ImportError:  # pragma: no cover - aiohttp is installed with fsspec[http]
+    _aiohttp = None  # type: ignore[assignment]
+
+#: HTTP statuses worth retrying: the server is overloaded or failed for the moment
+_RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class RangeIgnoredError(Exception):
+    """A server answered a byte-range request with more bytes than asked (it ignores Range)."""
+
+
+def io_timeout_s() -> float:
+    """Seconds one storage request may stall (no bytes) before it counts as failed:
+    ``$ZEPHON_IO_TIMEOUT_S``, default 30."""
+    return _env_seconds("ZEPHON_IO_TIMEOUT_S", 30.0)
+
+
+def io_retry_s() -> float:
+    """Seconds transient storage errors are retried before the read fails:
+    ``$ZEPHON_IO_RETRY_S``, default 60."""
+    return _env_seconds("ZEPHON_IO_RETRY_S", 60.0)
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"${name} must be a number of seconds, got {raw!r}") from None
+    if not v >= 0:
+        raise ValueError(f"${name} must be >= 0 seconds, got {raw!r}")
+    return v
+
+
+def storage_options(url: str) -> dict[str, Any]:
+    """fsspec options for opening ``url``: for ``http(s)://``, aiohttp timeouts that end a stalled
+    request after :func:`io_timeout_s` (aiohttp's default waits 5 minutes).
+
+    >>> storage_options("/data/a.jsonl"), sorted(storage_options("http://h/a.jsonl"))
+    ({}, ['client_kwargs'])
+    """
+    if _aiohttp is None or not url.lower().startswith(("http://", "https://")):
+        return {}
+    t = io_timeout_s()
+    return {"client_kwargs": {"timeout": _aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t)}}
+
+
+def transient(e: BaseException) -> str | None:
+    """What went wrong, if ``e`` is a storage error worth retrying (a 5xx/429 answer, a dropped
+    or refused connection, a truncated body, a timeout); None if it is not.
+
+    >>> transient(ConnectionResetError(104, "reset")), transient(FileNotFoundError("x"))
+    ('connection error (ConnectionResetError: [Errno 104] reset)', None)
+    """
+    if isinstance(e, FileNotFoundError):
+        # fsspec's HTTP info() turns every failure of HEAD and GET into FileNotFoundError
+        cause = e.__cause__
+        return transient(cause) if cause is not None else None
+    if isinstance(e, (TimeoutError, asyncio.TimeoutError)) or type(e).__name__ == "FSTimeoutError":
+        return f"no answer within {io_timeout_s():g} s (timeout; $ZEPHON_IO_TIMEOUT_S)"
+    if _aiohttp is not None:
+        if isinstance(e, _aiohttp.ClientResponseError):
+            if e.status in _RETRY_STATUS:
+                return f"HTTP {e.status} {e.message}".rstrip()
+            return None
+        if isinstance(e, (_aiohttp.ClientPayloadError, _aiohttp.ClientConnectionError)):
+            return f"connection dropped ({type(e).__name__}: {e})"
+    if isinstance(e, (ConnectionError, EOFError)):
+        return f"connection error ({type(e).__name__}: {e})"
+    return None
+
+
+def storage_failure(e: BaseException) -> str | None:
+    """What went wrong, if ``e`` is an HTTP client error that is not worth retrying (a 403, a
+    redirect loop, ...); None if it is not one."""
+    if _aiohttp is not None and isinstance(e, _aiohttp.ClientError):
+        if isinstance(e, _aiohttp.ClientResponseError):
+            return f"the server answered HTTP {e.status} {e.message}".rstrip()
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def with_retries(fn: Callable[[], T], fail: Callable[[str], BaseException], budget_s: float | None = None) -> T:
+    """``fn()``, retried with exponential backoff (0.1 s doubling, at most 5 s) while it raises a
+    :func:`transient` error and the ``budget_s`` (default :func:`io_retry_s`) lasts; then raises
+    ``fail(reason)`` (reason: the last error, the number of tries and the time spent). Other
+    errors propagate at once."""
+    budget = io_retry_s() if budget_s is None else budget_s
+    t0 = time.monotonic()
+    delay = 0.1
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return fn()
+        except Exception as e:
+            why = transient(e)
+            if why is None:
+                raise
+            spent = time.monotonic() - t0
+            if spent + delay > budget:
+                raise fail(f"{why}; gave up after {tries} tries over {spent:.1f} s") from None
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
