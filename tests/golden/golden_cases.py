@@ -1,8 +1,10 @@
 """The golden cases: recipes whose batches must never change silently.
 
-``python tests/golden/golden_cases.py --write`` (re)records ``golden.json`` and the checkpoints
-under ``tests/golden/checkpoints/``; run it only on a commit whose batches are the reference (a
-change that alters batches must be declared: a data-definition version in the fingerprint).
+``python tests/golden/golden_cases.py --write N`` records data version N's goldens
+(``golden.json`` for version 1, ``golden_vN.json`` after) and its checkpoints (under
+``tests/golden/checkpoints/``, ``checkpoints/vN/`` after version 1); run it once, when version N
+is declared: a version's goldens are never rewritten (a change that alters batches declares a
+new data version, see ``zephon.recipe.DATA_VERSION``).
 ``tests/system/test_golden.py`` compares every case against what was recorded.
 
 Each case is a corpus made by the synthetic generators (their files are hashed too, so a change of
@@ -32,6 +34,16 @@ from zephon.recipe import Recipe  # noqa: E402
 
 GOLDEN = os.path.join(HERE, "golden.json")
 CHECKPOINTS = os.path.join(HERE, "checkpoints")
+
+
+def golden_path(version: int) -> str:
+    """Where the goldens of a data version live: ``golden.json`` for version 1 (recorded at
+    e426d1f, before data versions existed), ``golden_v2.json`` for version 2, ..."""
+    return GOLDEN if version == 1 else os.path.join(HERE, f"golden_v{version}.json")
+
+
+def checkpoints_dir(version: int) -> str:
+    return CHECKPOINTS if version == 1 else os.path.join(CHECKPOINTS, f"v{version}")
 
 
 def _demo(root: str) -> Recipe:
@@ -139,8 +151,8 @@ def checkpoint(recipe: Recipe, at: int, world: int) -> dict[str, Any]:
     return {k: v.decode("latin-1") for k, v in enc.items()}
 
 
-def load_checkpoint(name: str) -> dict[str, Any]:
-    with open(os.path.join(CHECKPOINTS, f"{name}.json")) as f:
+def load_checkpoint(name: str, version: int = 1) -> dict[str, Any]:
+    with open(os.path.join(checkpoints_dir(version), f"{name}.json")) as f:
         enc = json.load(f)
     return decode_state({k: v.encode("latin-1") for k, v in enc.items()})
 
@@ -159,15 +171,16 @@ def case_root(name: str) -> str:
     return root
 
 
-def record() -> dict[str, Any]:
+def record(version: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    os.makedirs(CHECKPOINTS, exist_ok=True)
+    folder = checkpoints_dir(version)
+    os.makedirs(folder, exist_ok=True)
     for name, (_build, steps, at, world) in CASES.items():
         root = case_root(name)
-        recipe = build_case(name, root)
+        recipe = build_case(name, root, data_version=version)
         hs = hashes(recipe, steps, 1, WorkerConfig(0))
         out[name] = {"corpus": corpus_digest(root), "fingerprint": recipe.fingerprint, "hashes": hs}
-        with open(os.path.join(CHECKPOINTS, f"{name}.json"), "w") as f:
+        with open(os.path.join(folder, f"{name}.json"), "w") as f:
             json.dump(checkpoint(recipe, at, world), f, indent=1, sort_keys=True)
             f.write("\n")
         print(name, len(hs), "steps", hs[0][:12], file=sys.stderr)
@@ -175,9 +188,10 @@ def record() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python tests/golden/golden_cases.py --write")
-    golden = record()
-    with open(GOLDEN, "w") as f:
+    if len(sys.argv) != 3 or sys.argv[1] != "--write" or not sys.argv[2].isdigit():
+        sys.exit("usage: python tests/golden/golden_cases.py --write VERSION  (a data version; never rewrite an old one)")
+    version = int(sys.argv[2])
+    golden = record(version)
+    with open(golden_path(version), "w") as f:
         json.dump(golden, f, indent=1, sort_keys=True)
         f.write("\n")

@@ -1,11 +1,12 @@
-"""Golden hashes: batches of the recorded recipes never change silently.
+"""Golden hashes: batches of the recorded recipes never change silently, in any data version.
 
-``tests/golden/golden.json`` holds, per case, the digest of its synthetic corpus, the recipe
-fingerprint and the SHA-256 of every global batch on one rank without workers, as recorded by
-``tests/golden/golden_cases.py --write`` at commit e426d1f (before the round-3 re-partition).
-``tests/golden/checkpoints/`` holds checkpoints that commit wrote mid-run on W = 2 or 4. A change
-that alters batches or refuses those checkpoints fails here; if it is meant, it is declared (a
-data-definition version in the fingerprint) and the goldens are re-recorded in the same commit.
+Per data version N, ``tests/golden/golden.json`` (N = 1, recorded at commit e426d1f, before the
+round-3 re-partition) or ``golden_vN.json`` (recorded when version N was declared) holds, per
+case, the digest of its synthetic corpus, the recipe fingerprint and the SHA-256 of every global
+batch on one rank without workers; ``tests/golden/checkpoints/`` (``checkpoints/vN/``) holds
+checkpoints written mid-run on W = 2 or 4. A recipe pinned to ``data_version = N`` must give
+exactly those batches and resume those checkpoints exactly, on every world size and worker
+mode; a change that alters them declares a new data version (``zephon.recipe.DATA_VERSION``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ import golden_cases as gc
 from zephon.engine import StateError, WorkerConfig
 from zephon.recipe import DATA_VERSION
 
-with open(gc.GOLDEN) as _f:
-    GOLDEN = json.load(_f)
+#: every data version with recorded goldens
+VERSIONS = [v for v in range(1, DATA_VERSION + 1) if os.path.exists(gc.golden_path(v))]
+GOLDEN = {}
+for _v in VERSIONS:
+    with open(gc.golden_path(_v)) as _f:
+        GOLDEN[_v] = json.load(_f)
 
 #: (world size, workers) runs compared against the single-rank golden, per case
 RUNS = {
@@ -35,51 +40,70 @@ RUNS = {
     "text_finite_pad": [(4, WorkerConfig(2, "thread"))],
     "vl": [(4, WorkerConfig(2, "process"))],
 }
+CASES = [(v, n) for v in VERSIONS for n in sorted(gc.CASES)]
 
 
 @pytest.fixture(scope="module")
-def recipes():
+def corpora():
     """The corpora at their fixed place, held under a lock (two checkouts may run this at once)."""
     os.makedirs(gc.ROOT, exist_ok=True)
     with open(gc.ROOT + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        yield {name: gc.build_case(name, gc.case_root(name)) for name in gc.CASES}
+        yield {name: gc.build_case(name, gc.case_root(name), data_version=None) for name in gc.CASES}
 
 
-@pytest.mark.parametrize("name", sorted(gc.CASES))
-def test_corpus_and_fingerprint_are_the_recorded_ones(recipes, name):
-    recipe = recipes[name]
-    assert gc.corpus_digest(recipe.base_dir) == GOLDEN[name]["corpus"], "the synthetic corpus generators changed"
-    assert recipe.fingerprint == GOLDEN[name]["fingerprint"]
+def _recipe(corpora, name, version):
+    return corpora[name].replace(data_version=version)
 
 
-@pytest.mark.parametrize("name", sorted(gc.CASES))
-def test_batches_are_the_recorded_ones(recipes, name):
+def test_every_declared_version_has_goldens():
+    assert list(range(1, DATA_VERSION + 1)) == VERSIONS, (
+        f"data version {DATA_VERSION} is declared but has no goldens: run "
+        f"python tests/golden/golden_cases.py --write {DATA_VERSION}"
+    )
+
+
+@pytest.mark.parametrize("version,name", CASES)
+def test_corpus_and_fingerprint_are_the_recorded_ones(corpora, version, name):
+    recipe = _recipe(corpora, name, version)
+    assert gc.corpus_digest(recipe.base_dir) == GOLDEN[version][name]["corpus"], "the corpus generators changed"
+    assert recipe.fingerprint == GOLDEN[version][name]["fingerprint"]
+
+
+@pytest.mark.parametrize("version,name", CASES)
+def test_batches_are_the_recorded_ones(corpora, version, name):
     steps = gc.CASES[name][1]
-    assert gc.hashes(recipes[name], steps, 1, WorkerConfig(0)) == GOLDEN[name]["hashes"]
+    assert gc.hashes(_recipe(corpora, name, version), steps, 1, WorkerConfig(0)) == GOLDEN[version][name]["hashes"]
 
 
-@pytest.mark.parametrize("name,world,workers", [(n, w, k) for n, runs in RUNS.items() for w, k in runs])
-def test_every_world_size_and_worker_mode_gives_the_recorded_batches(recipes, name, world, workers):
+@pytest.mark.parametrize(
+    "version,name,world,workers", [(v, n, w, k) for v in VERSIONS for n, runs in RUNS.items() for w, k in runs]
+)
+def test_every_world_size_and_worker_mode_gives_the_recorded_batches(corpora, version, name, world, workers):
     steps = min(gc.CASES[name][1], 12)
-    assert gc.hashes(recipes[name], steps, world, workers) == GOLDEN[name]["hashes"][:steps]
+    got = gc.hashes(_recipe(corpora, name, version), steps, world, workers)
+    assert got == GOLDEN[version][name]["hashes"][:steps]
 
 
-@pytest.mark.parametrize("name", sorted(gc.CASES))
+@pytest.mark.parametrize("version,name", CASES)
 @pytest.mark.parametrize("world", [1, 4])
-def test_checkpoints_of_the_starting_commit_resume_exactly(recipes, name, world):
+def test_recorded_checkpoints_resume_exactly(corpora, version, name, world):
     _, steps, at, _ = gc.CASES[name]
-    rest = gc.hashes(recipes[name], steps - at, world, WorkerConfig(0), state=gc.load_checkpoint(name))
-    assert rest == GOLDEN[name]["hashes"][at:]
+    state = gc.load_checkpoint(name, version)
+    rest = gc.hashes(_recipe(corpora, name, version), steps - at, world, WorkerConfig(0), state=state)
+    assert rest == GOLDEN[version][name]["hashes"][at:]
 
 
-@pytest.mark.parametrize("name", sorted(gc.CASES))
-def test_the_newest_data_version_resumes_or_names_the_setting(recipes, name):
-    """Unpinned, a recipe makes the newest version's batches: the same as the goldens while the
-    version is 1; after a declared change, the old checkpoint is refused naming what resumes it."""
-    newest = recipes[name].replace(data_version=DATA_VERSION)
-    if DATA_VERSION == 1:
-        assert newest.fingerprint == GOLDEN[name]["fingerprint"]
-        return
-    with newest.global_loader(1, workers=WorkerConfig(0)) as g, pytest.raises(StateError, match="data_version = 1"):
-        g.load_state_dict(gc.load_checkpoint(name))
+@pytest.mark.parametrize("version,name", CASES)
+def test_another_version_refuses_a_checkpoint_naming_the_setting(corpora, version, name):
+    """A checkpoint of version N, resumed with a recipe of another version (the newest, or 1 for
+    the newest's checkpoints), is refused with the line that resumes it: ``data_version = N``."""
+    other = DATA_VERSION if version != DATA_VERSION else 1
+    recipe = _recipe(corpora, name, other)
+    if recipe.fingerprint == GOLDEN[version][name]["fingerprint"]:
+        pytest.skip(f"{name}: versions {version} and {other} define the same data")
+    with (
+        recipe.global_loader(1, workers=WorkerConfig(0)) as g,
+        pytest.raises(StateError, match=f"data_version = {version}"),
+    ):
+        g.load_state_dict(gc.load_checkpoint(name, version))
