@@ -189,7 +189,9 @@ def record(version: int) -> dict[str, Any]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "--write" or not sys.argv[2].isdigit():
-        sys.exit("usage: python tests/golden/golden_cases.py --write VERSION  (a data version; never rewrite an old one)")
+        sys.exit(
+            "usage: python tests/golden/golden_cases.py --write VERSION  (a data version; never rewrite an old one)"
+        )
     version = int(sys.argv[2])
     golden = record(version)
     with open(golden_path(version), "w") as f:
