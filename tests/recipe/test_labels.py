@@ -44,10 +44,12 @@ def owners(prov, seq_len):
 
 def check_versions(recipe):
     assert recipe.spec.pack.labels == "document"  # the newest version's default
-    v1 = recipe.replace(data_version=1)
-    assert v1.spec.pack.labels == "row"
+    assert recipe.replace(data_version=1).spec.pack.labels == "row"
+    # the same recipe with version 1's labels (its other version-2 settings kept)
+    rows = recipe.replace(pack=dict(recipe.raw.get("pack", {})) | {"labels": "row"})
+    assert rows.spec.pack.labels == "row"
     crossed = 0
-    for new, old in zip(batches(recipe), batches(v1)):
+    for new, old in zip(batches(recipe), batches(rows)):
         for k in new:  # the same batches, but for the targets that cross a document
             if k != "labels":
                 assert batch_equal(new[k], old[k]), k

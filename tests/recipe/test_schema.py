@@ -82,7 +82,13 @@ def test_an_empty_section_parses_to_the_dataclass_defaults(cls):
         MixingSpec(), split_mode=versioned_default(MixingSpec, "split_mode", spec.data_version)
     )
     assert spec.mixing == dataclasses.replace(mixing, split_tokens=4 * (64 + 1))  # the one derived here
-    assert spec.workers == WorkersSpec() and spec.vision == VisionSpec() and spec.end is None
+    assert spec.workers == WorkersSpec() and spec.vision == _vision_at(spec.data_version) and spec.end is None
+
+
+def _vision_at(version: int) -> VisionSpec:
+    """VisionSpec's defaults with the image settings whose default follows the data version."""
+    config = dataclasses.replace(VisionConfig(), decode=versioned_default(VisionTable, "decode", version))
+    return dataclasses.replace(VisionSpec(), config=config)
 
 
 def test_workers_and_vision_defaults_are_the_lower_layers_own():
@@ -100,7 +106,7 @@ def test_workers_and_vision_defaults_are_the_lower_layers_own():
         n.removesuffix("_token"): getattr(VisionTable(), n) for n in VISION_KEYS if n.endswith("_token")
     }
     spec = parse_recipe(dict(MINIMAL, datasets=[{"name": "i", "path": "x", "kind": "image_text"}]), "/data")
-    assert spec.vision == VisionSpec() and spec.workers == WorkersSpec()
+    assert spec.vision == _vision_at(spec.data_version) and spec.workers == WorkersSpec()
     assert (spec.datasets[0].text_field, spec.datasets[0].image_field) == ("caption", "image")
 
 

@@ -98,7 +98,8 @@ def test_raise_names_dataset_file_record_and_fix(data):
     msg = str(ei.value)
     assert "dataset 'web'" in msg and "part-" in msg and "line " in msg
     assert "set on_error = \"skip\" for dataset 'web'" in msg
-    assert "lane " in msg  # the mapper adds where in the pipeline it happened
+    notes = " ".join(getattr(ei.value, "__notes__", []))
+    assert "lane " in notes  # the mapper adds where in the pipeline it happened (the error keeps its type)
 
 
 @pytest.mark.parametrize("kind", list(BAD_LINES))
@@ -143,7 +144,8 @@ def test_skips_are_deterministic_and_counted(data):
 
 def test_one_epoch_skips_exactly_the_bad_records(data):
     root, n_bad = data
-    r = recipe(root, policy="stop").replace(global_batch_size=4)
+    # data version 1: an empty text is one of the bad records (from version 2 it is a document)
+    r = recipe(root, policy="stop").replace(global_batch_size=4, data_version=1)
     total = 0
     by_reason = {}
     from zephon import LaneContext

@@ -280,7 +280,9 @@ def test_unpatchify_round_trip(recipe, batches):
             x = rgb.astype(np.float32) * np.float32(1 / 255)
             x = (x - mean) / std
             renorm, _ = patchify(x, v.patch_size, v.temporal_patch_size, v.merge_size)
-            np.testing.assert_allclose(renorm, patches, rtol=0, atol=1e-5)
+            # exact decoding (data version 2) keeps float pixels: the 8-bit view is within one step
+            step = 1e-5 if v.decode == "convert" else float(1 / 255 / std.min()) + 1e-5
+            np.testing.assert_allclose(renorm, patches, rtol=0, atol=step)
     # a synthetic image with an odd layout (3 x 5 merged blocks), patch 14, 2 frames
     rng = np.random.default_rng(0)
     img = rng.standard_normal((3 * 28, 5 * 28, 3)).astype(np.float32)
