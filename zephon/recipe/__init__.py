@@ -6,7 +6,8 @@ rules), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the 
 :mod:`~zephon.recipe.build` (each lane's pipeline of operators),
 :mod:`~zephon.recipe.migrations` (how lane states moved between checkpoint formats), and
 :mod:`~zephon.recipe.recipe` (the :class:`Recipe` that ties them together) and
-:mod:`~zephon.recipe.runtime` (:class:`RankBatches`: one rank's batches, step by step), and
+:mod:`~zephon.recipe.runtime` (:class:`RankBatches`: one rank's batches, step by step),
+:mod:`~zephon.recipe.peers` (model-parallel peers of a DP rank reading once), and
 :mod:`~zephon.recipe.ledger` (the batch ledger's file format and :class:`LedgerWriter`).
 """
 
@@ -15,6 +16,7 @@ from .ledger import LEDGER_DIR, LEDGER_GLOB, LEDGER_VERSION, LedgerWriter, datas
 from .migrations import LANE_MIGRATIONS
 from .parse import parse_recipe
 from .prepare import BadSamplesWarning, Prepared, TokenEstimate, bad_samples_message, estimate_tokens, prepare
+from .peers import FollowerBatches, LeaderBatches, PeerLink, definition_digest
 from .recipe import Recipe
 from .runtime import RankBatches
 from .spec import (
@@ -42,10 +44,13 @@ __all__ = [
     "LIMITS",
     "BadSamplesWarning",
     "DatasetSpec",
+    "FollowerBatches",
+    "LeaderBatches",
     "LedgerWriter",
     "MemoryBudget",
     "MixingSpec",
     "PackSpec",
+    "PeerLink",
     "Prepared",
     "RankBatches",
     "Recipe",
@@ -60,6 +65,7 @@ __all__ = [
     "bad_samples_message",
     "build_lane",
     "dataset_tokens",
+    "definition_digest",
     "estimate_tokens",
     "ledger_file",
     "max_workers",

@@ -1,0 +1,103 @@
+"""The model-parallel peers of a DP rank over ``torch.distributed``: one reads, the others receive.
+
+TorchTitan builds its data-loading mesh as ``("pp", "batch", "cp", "tp")`` and hands the loader
+only the ``batch`` coordinate (``dp_rank``); the ranks that share a ``dp_rank`` are the pipeline,
+context and tensor-parallel peers of that DP rank, and they train on the same rows.
+:meth:`DistPeerLink.for_dp_rank` finds them by gathering every rank's ``dp_rank`` once (so it
+needs no knowledge of the mesh's layout and works for any trainer that passes ``dp_rank``),
+makes one gloo group per DP rank (a CPU group also under NCCL: the batch is numpy on the host),
+and names the lowest global rank of each group its leader (:class:`zephon.recipe.LeaderBatches`).
+
+Per recipe step the leader broadcasts a small pickled header (step, digests, the fields that are
+not plain arrays) and then each numpy array as raw bytes, so followers get byte-identical arrays
+without pickling the bulk. Startup: one ``all_gather_object`` of an int and one
+``new_subgroups_by_enumeration`` (O(world size) on every rank, once).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistPeerLink"]
+
+
+class DistPeerLink:
+    """A :class:`zephon.recipe.PeerLink` over a ``torch.distributed`` group of peers.
+
+    ``ranks``: the global ranks of the group, leader first (the lowest)."""
+
+    def __init__(self, group: Any, ranks: list[int]) -> None:
+        self.group, self.ranks = group, sorted(ranks)
+        self.src = self.ranks[0]
+        self._leader = dist.get_rank() == self.src
+        self.bytes_sent = 0  # array bytes broadcast by this peer (leader) or received (follower)
+
+    @property
+    def leader(self) -> bool:
+        return self._leader
+
+    @classmethod
+    def for_dp_rank(cls, dp_rank: int, dp_world_size: int) -> DistPeerLink | None:
+        """The peers of ``dp_rank`` in the default process group, or None when there are none
+        (no process group, or one rank per DP rank). Every rank must call it (a collective)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        world = dist.get_world_size()
+        if world == dp_world_size:
+            return None
+        got: list[Any] = [None] * world
+        dist.all_gather_object(got, int(dp_rank))
+        groups = [[r for r in range(world) if got[r] == b] for b in range(dp_world_size)]
+        sizes = {len(g) for g in groups}
+        if len(sizes) != 1 or 0 in sizes:
+            raise ValueError(
+                f"zephon read-once: the {world} ranks report DP ranks {sorted(set(got))[:8]} for a DP degree of "
+                f"{dp_world_size}; every DP rank needs the same number of model-parallel peers (ranks per DP rank: "
+                f"{[len(g) for g in groups][:8]}). Pass each rank's dp_rank as the trainer's batch mesh gives it, or "
+                "set read_once = False."
+            )
+        mine, _ = dist.new_subgroups_by_enumeration(groups, backend="gloo")
+        return cls(mine, groups[int(dp_rank)])
+
+    def send(self, message: dict[str, Any]) -> None:
+        batch = message.get("batch")
+        arrays: list[tuple[str, np.ndarray]] = []
+        header = dict(message)
+        if isinstance(batch, dict):
+            rest = {}
+            for k, v in batch.items():
+                if isinstance(v, np.ndarray) and v.dtype.kind in "biuf":
+                    arrays.append((k, np.ascontiguousarray(v)))
+                else:
+                    rest[k] = v
+            header["batch"], header["order"] = rest, list(batch)
+        header["arrays"] = [(k, a.dtype.str, a.shape) for k, a in arrays]
+        dist.broadcast_object_list([header], src=self.src, group=self.group)
+        for _, a in arrays:
+            flat = torch.from_numpy(a.reshape(-1).view(np.uint8))
+            dist.broadcast(flat, src=self.src, group=self.group)
+            self.bytes_sent += flat.numel()
+
+    def recv(self) -> dict[str, Any]:
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=self.src, group=self.group)
+        header: dict[str, Any] = box[0]
+        specs = header.pop("arrays")
+        batch = header.get("batch")
+        for key, dtype, shape in specs:
+            dt = np.dtype(dtype)
+            buf = torch.empty(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, dtype=torch.uint8)
+            dist.broadcast(buf, src=self.src, group=self.group)
+            self.bytes_sent += buf.numel()
+            batch[key] = buf.numpy().view(dt).reshape(shape)
+        if isinstance(batch, dict):  # the sender's key order
+            header["batch"] = {k: batch[k] for k in header.pop("order")}
+        return header
+
+    def __repr__(self) -> str:
+        role = "leader" if self.leader else "follower"
+        return f"DistPeerLink({role}, ranks={self.ranks})"
