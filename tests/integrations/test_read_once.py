@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("torchtitan")
 
-from zephon import Recipe, batch_sha256  # noqa: E402
+from zephon import Recipe, batch_sha256
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support")
 sys.path.insert(0, HERE)

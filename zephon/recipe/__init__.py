@@ -15,8 +15,8 @@ from .build import RecipeLanes, build_lane
 from .ledger import LEDGER_DIR, LEDGER_GLOB, LEDGER_VERSION, LedgerWriter, dataset_tokens, ledger_file
 from .migrations import LANE_MIGRATIONS
 from .parse import parse_recipe
-from .prepare import BadSamplesWarning, Prepared, TokenEstimate, bad_samples_message, estimate_tokens, prepare
 from .peers import FollowerBatches, LeaderBatches, PeerLink, definition_digest
+from .prepare import BadSamplesWarning, Prepared, TokenEstimate, bad_samples_message, estimate_tokens, prepare
 from .recipe import Recipe
 from .runtime import RankBatches
 from .spec import (
