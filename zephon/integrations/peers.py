@@ -8,14 +8,17 @@ needs no knowledge of the mesh's layout and works for any trainer that passes ``
 makes one gloo group per DP rank (a CPU group also under NCCL: the batch is numpy on the host),
 and names the lowest global rank of each group its leader (:class:`zephon.recipe.LeaderBatches`).
 
-Per recipe step the leader broadcasts a small pickled header (step, digests, the fields that are
-not plain arrays) and then each numpy array as raw bytes, so followers get byte-identical arrays
-without pickling the bulk. Startup: one ``all_gather_object`` of an int and one
+Per recipe step the leader makes two broadcasts: the sizes, then one buffer holding a small pickled
+header (step, lane digests, the fields that are not plain arrays, such as ``provenance``) and every
+numpy array as raw aligned bytes, so followers get byte-identical arrays without pickling the bulk.
+(Pickle is only the transport between the peers of one job, as in ``broadcast_object_list``;
+nothing pickled is stored.) Startup: one ``all_gather_object`` of an int and one
 ``new_subgroups_by_enumeration`` (O(world size) on every rank, once).
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
@@ -64,40 +67,64 @@ class DistPeerLink:
         return cls(mine, groups[int(dp_rank)])
 
     def send(self, message: dict[str, Any]) -> None:
-        batch = message.get("batch")
-        arrays: list[tuple[str, np.ndarray]] = []
         header = dict(message)
+        arrays: list[np.ndarray] = []
+        batch = message.get("batch")
         if isinstance(batch, dict):
-            rest = {}
+            rest, specs = {}, []
             for k, v in batch.items():
                 if isinstance(v, np.ndarray) and v.dtype.kind in "biuf":
-                    arrays.append((k, np.ascontiguousarray(v)))
+                    arrays.append(np.ascontiguousarray(v))
+                    specs.append((k, v.dtype.str, v.shape))
                 else:
                     rest[k] = v
-            header["batch"], header["order"] = rest, list(batch)
-        header["arrays"] = [(k, a.dtype.str, a.shape) for k, a in arrays]
-        dist.broadcast_object_list([header], src=self.src, group=self.group)
-        for _, a in arrays:
-            flat = torch.from_numpy(a.reshape(-1).view(np.uint8))
-            dist.broadcast(flat, src=self.src, group=self.group)
-            self.bytes_sent += flat.numel()
+            header.update(batch=rest, arrays=specs, order=list(batch))
+        head = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)
+        offsets, total = _layout(len(head), [a.nbytes for a in arrays])
+        buf = np.empty(total, np.uint8)
+        buf[: len(head)] = np.frombuffer(head, np.uint8)
+        for a, off in zip(arrays, offsets):
+            buf[off : off + a.nbytes] = a.reshape(-1).view(np.uint8)
+        dist.broadcast(torch.tensor([len(head), total], dtype=torch.int64), src=self.src, group=self.group)
+        dist.broadcast(torch.from_numpy(buf), src=self.src, group=self.group)
+        self.bytes_sent += total
 
     def recv(self) -> dict[str, Any]:
-        box: list[Any] = [None]
-        dist.broadcast_object_list(box, src=self.src, group=self.group)
-        header: dict[str, Any] = box[0]
-        specs = header.pop("arrays")
-        batch = header.get("batch")
-        for key, dtype, shape in specs:
-            dt = np.dtype(dtype)
-            buf = torch.empty(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, dtype=torch.uint8)
-            dist.broadcast(buf, src=self.src, group=self.group)
-            self.bytes_sent += buf.numel()
-            batch[key] = buf.numpy().view(dt).reshape(shape)
-        if isinstance(batch, dict):  # the sender's key order
+        sizes = torch.empty(2, dtype=torch.int64)
+        dist.broadcast(sizes, src=self.src, group=self.group)
+        n_head, total = (int(x) for x in sizes)
+        buf = torch.empty(total, dtype=torch.uint8)
+        dist.broadcast(buf, src=self.src, group=self.group)
+        self.bytes_sent += total
+        raw = buf.numpy()
+        header: dict[str, Any] = pickle.loads(raw[:n_head].tobytes())
+        specs = header.pop("arrays", [])
+        if specs:
+            shapes = [(np.dtype(dt), shape) for _, dt, shape in specs]
+            offsets, _ = _layout(n_head, [dt.itemsize * int(np.prod(shape, dtype=np.int64)) for dt, shape in shapes])
+            batch = header["batch"]
+            for (key, _, _), (dt, shape), off in zip(specs, shapes, offsets):
+                n = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+                batch[key] = raw[off : off + n].view(dt).reshape(shape)
+        if "order" in header:  # the sender's key order
+            batch = header["batch"]
             header["batch"] = {k: batch[k] for k in header.pop("order")}
         return header
 
     def __repr__(self) -> str:
         role = "leader" if self.leader else "follower"
         return f"DistPeerLink({role}, ranks={self.ranks})"
+
+
+#: byte alignment of each array in a step's buffer (so every view is aligned for its dtype)
+ALIGN = 64
+
+
+def _layout(head: int, sizes: list[int]) -> tuple[list[int], int]:
+    """Offsets of the arrays after a header of ``head`` bytes, each aligned, and the total size."""
+    offsets, pos = [], head
+    for n in sizes:
+        pos = -(-pos // ALIGN) * ALIGN
+        offsets.append(pos)
+        pos += n
+    return offsets, pos
