@@ -41,6 +41,7 @@ class DistPeerLink:
 
     @property
     def leader(self) -> bool:
+        """True on the group's lowest rank: it runs the pipeline and sends."""
         return self._leader
 
     @classmethod
@@ -67,6 +68,7 @@ class DistPeerLink:
         return cls(mine, groups[int(dp_rank)])
 
     def send(self, message: dict[str, Any]) -> None:
+        """Leader: broadcast one step's message (sizes, then one buffer) to the group."""
         header = dict(message)
         arrays: list[np.ndarray] = []
         batch = message.get("batch")
@@ -90,6 +92,7 @@ class DistPeerLink:
         self.bytes_sent += total
 
     def recv(self) -> dict[str, Any]:
+        """Follower: the leader's next message; its arrays are views of the received buffer."""
         sizes = torch.empty(2, dtype=torch.int64)
         dist.broadcast(sizes, src=self.src, group=self.group)
         n_head, total = (int(x) for x in sizes)
