@@ -46,9 +46,11 @@ Resuming on another number of ranks
 ``state_dict()`` holds one JSON ``bytes`` value per lane this rank owns (``"lane_00007"``) and
 one rank-independent entry (``"zephon"``: format version, lane count, seed, recipe fingerprint,
 step). DCP keeps every key once, and on load asks the *new* loader for its keys, so a checkpoint
-saved on 4 ranks loads on 1, 2 or 8: each rank picks up the lanes it now owns. Tensor- and
-pipeline-parallel peers of one DP rank build the same lanes, get identical batches and write
-identical values under identical keys.
+saved on 4 ranks loads on 1, 2 or 8: each rank picks up the lanes it now owns. Tensor-, pipeline- and
+context-parallel peers of one DP rank get identical batches: by default only the lowest of them
+reads and broadcasts each step to the others (``read_once``, :mod:`zephon.recipe.peers`), and
+only its state holds the lanes (the others' is empty); with ``read_once = False`` every peer reads
+and writes identical values under identical keys. Either checkpoint loads in either mode.
 
 Gradient accumulation and pipeline microbatches
 -----------------------------------------------
@@ -101,7 +103,18 @@ from torchtitan.components.dataloader import BaseDataLoader
 from zephon.engine import StateError, WorkerConfig
 from zephon.engine.checkpoint import SHARED_KEY, decode_state, encode_state, is_lane_key
 from zephon.engine.lanes import divisors
-from zephon.recipe import LEDGER_DIR, LedgerWriter, RankBatches, Recipe, RecipeError, dataset_tokens
+from zephon.recipe import (
+    LEDGER_DIR,
+    FollowerBatches,
+    LeaderBatches,
+    LedgerWriter,
+    RankBatches,
+    Recipe,
+    RecipeError,
+    dataset_tokens,
+)
+
+from .peers import DistPeerLink
 
 __all__ = ["RECIPE_NAMES", "ZephonDataLoader", "titan_mm_batch", "with_zephon"]
 
@@ -245,6 +258,11 @@ class ZephonDataLoader(BaseDataLoader):
         long the data lasts is the recipe's choice (dataset ``policy``); False needs a finite
         recipe (every dataset ``policy = "stop"``)."""
 
+        read_once: bool = True
+        """Model-parallel peers of a DP rank (the ranks with the same ``dp_rank``: TP, PP, CP) share one
+        pipeline: the lowest rank reads and broadcasts each step to the others over gloo
+        (:mod:`zephon.integrations.peers`); False = every peer reads alone (same batches, N x CPU)."""
+
         ledger: bool = True
         """Write the batch ledger (one line per step: the digest of each of this rank's lane
         micro-batches and its tokens per dataset) to ``<dump_folder>/zephon_ledger/`` when built
@@ -323,7 +341,7 @@ class ZephonDataLoader(BaseDataLoader):
         self.microbatches_per_step = self.batches.microbatches_per_step
         try:
             self._check_trainer()
-            if tokenizer is not None and config.check_tokenizer:
+            if tokenizer is not None and config.check_tokenizer and not isinstance(self.batches, FollowerBatches):
                 self._check_tokenizer(tokenizer)
         except ValueError:
             self.close()
@@ -352,8 +370,14 @@ class ZephonDataLoader(BaseDataLoader):
             )
         cfg = self.config
         folder = cfg.ledger_dir or (os.path.join(cfg.dump_folder, LEDGER_DIR) if cfg.dump_folder else "")
+        #: the model-parallel peers sharing this DP rank's pipeline (None: this rank reads alone)
+        self.peers = DistPeerLink.for_dp_rank(self.dp_rank, W) if cfg.read_once else None
+        kind: type[RankBatches] = RankBatches
+        extra: dict[str, Any] = {}
+        if self.peers is not None:
+            kind, extra = (LeaderBatches if self.peers.leader else FollowerBatches), {"link": self.peers}
         try:
-            batches = RankBatches(
+            batches = kind(
                 r,
                 W,
                 self.dp_rank,
@@ -361,6 +385,7 @@ class ZephonDataLoader(BaseDataLoader):
                 workers=cfg.worker_override(r),
                 digests=bool(cfg.ledger and folder),
                 hints=hints,
+                **extra,
             )
         except ValueError as e:
             raise ValueError(f"zephon.integrations.torchtitan: {e}") from None
@@ -493,9 +518,11 @@ class ZephonDataLoader(BaseDataLoader):
         return line
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"zephon": bytes, "lane_NNNNN": bytes, ...}``: one JSON value per owned lane."""
+        """``{"zephon": bytes, "lane_NNNNN": bytes, ...}``: one JSON value per owned lane (``{}`` on a
+        read-once follower: its leader's state is the DP rank's)."""
         try:
-            return encode_state(self.batches.state_dict())
+            state = self.batches.state_dict()  # refused in the middle of a step, on every peer
+            return encode_state(state) if state else {}
         except StateError as e:
             raise StateError(f"zephon.integrations.torchtitan: {e}") from None
 
