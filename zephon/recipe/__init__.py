@@ -7,11 +7,13 @@ rules), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the 
 :mod:`~zephon.recipe.migrations` (how lane states moved between checkpoint formats), and
 :mod:`~zephon.recipe.recipe` (the :class:`Recipe` that ties them together) and
 :mod:`~zephon.recipe.runtime` (:class:`RankBatches`: one rank's batches, step by step), and
-:mod:`~zephon.recipe.ledger` (the batch ledger's file format and :class:`LedgerWriter`).
+:mod:`~zephon.recipe.ledger` (the batch ledger's file format and :class:`LedgerWriter`), and
+:mod:`~zephon.recipe.loader_metrics` (per-step loader metrics for dashboards).
 """
 
 from .build import RecipeLanes, build_lane
 from .ledger import LEDGER_DIR, LEDGER_GLOB, LEDGER_VERSION, LedgerWriter, dataset_tokens, ledger_file
+from .loader_metrics import LoaderMetrics, metered
 from .migrations import LANE_MIGRATIONS
 from .parse import parse_recipe
 from .prepare import BadSamplesWarning, Prepared, TokenEstimate, bad_samples_message, estimate_tokens, prepare
@@ -43,6 +45,7 @@ __all__ = [
     "BadSamplesWarning",
     "DatasetSpec",
     "LedgerWriter",
+    "LoaderMetrics",
     "MemoryBudget",
     "MixingSpec",
     "PackSpec",
@@ -63,6 +66,7 @@ __all__ = [
     "estimate_tokens",
     "ledger_file",
     "max_workers",
+    "metered",
     "parse_recipe",
     "prepare",
 ]
