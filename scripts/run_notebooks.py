@@ -57,7 +57,9 @@ def _kernel_env(scratch: str) -> dict[str, str | None]:
             },
             f,
         )
-    os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (os.path.join(scratch, "jupyter"), old["JUPYTER_PATH"]) if p)
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(
+        p for p in (os.path.join(scratch, "jupyter"), old["JUPYTER_PATH"]) if p
+    )
     os.environ.pop("MPLBACKEND", None)  # the kernel's inline backend, as a user would have
     return old
 

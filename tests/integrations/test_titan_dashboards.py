@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("torchtitan")
 
-from zephon import Recipe, WorkerConfig  # noqa: E402
-from zephon.recipe import LoaderMetrics, RankBatches, metered  # noqa: E402
+from zephon import Recipe, WorkerConfig
+from zephon.recipe import LoaderMetrics, RankBatches, metered
 
 zt = pytest.importorskip("zephon.integrations.torchtitan")
 tm = pytest.importorskip("zephon.integrations.titan_metrics")
@@ -58,7 +58,9 @@ def test_loader_dashboard_metrics_are_its_batches(recipe_path):
     total = np.sum(per_step)
     for i, n in enumerate(names):
         assert m[f"zephon/realized_share/{n}"] == pytest.approx(np.sum(per_step, axis=0)[i] / total)
-        assert m[f"zephon/declared_share/{n}"] == pytest.approx(r.datasets[i].weight / sum(d.weight for d in r.datasets))
+        assert m[f"zephon/declared_share/{n}"] == pytest.approx(
+            r.datasets[i].weight / sum(d.weight for d in r.datasets)
+        )
         assert m[f"zephon/records/{n}"] > 0 and m[f"zephon/skipped/{n}"] == 0
     assert 0 < m["zephon/packing_efficiency"] <= 1 and m["zephon/data_loading_s"] > 0
 
@@ -71,7 +73,9 @@ def test_with_zephon_puts_zephon_metrics_in_titans_processor(recipe_path, tmp_pa
     config.metrics.log_freq = 7
     zt.with_zephon(config, recipe_path, local_batch_size=4)
     assert isinstance(config.metrics, tm.ZephonMetricsProcessor.Config) and config.metrics.log_freq == 7
-    assert config.metrics._owner is tm.ZephonMetricsProcessor and issubclass(tm.ZephonMetricsProcessor, MetricsProcessor)
+    assert config.metrics._owner is tm.ZephonMetricsProcessor and issubclass(
+        tm.ZephonMetricsProcessor, MetricsProcessor
+    )
 
 
 def test_metered_calls_back_with_the_plain_loops_metrics(recipe_path):
