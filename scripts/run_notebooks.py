@@ -33,6 +33,8 @@ _PROBE = "import sys as _zephon_probe_sys; print(_zephon_probe_sys.executable)"
 
 #: what changes from run to run and is masked before outputs are compared
 VOLATILE = [
+    # a recipe's fingerprint names its files (under the run's temporary folder), and a state digest binds it
+    (re.compile(r"((fingerprint|digest)[\"']?\s*[:=]?\s*[\"']?)[0-9a-f]{8,}"), r"\1<hex>"),
     (re.compile(r"(/private)?/(tmp|var/folders)/[^\s'\"),\]}]*"), "<tmp>"),
     (re.compile(r"0x[0-9a-fA-F]{6,}"), "0x<addr>"),
     (re.compile(r"\d[\d,]*\.\d+"), "<float>"),
