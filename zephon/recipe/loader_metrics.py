@@ -39,23 +39,30 @@ MetricsCallback = Callable[[dict[str, float], int], Any]
 
 
 class LoaderMetrics:
-    """Collects one rank's loader metrics between two :meth:`collect` calls.
+    r"""Collects one rank's loader metrics between two :meth:`collect` calls.
 
     Feed it each recipe step's local batch with :meth:`record` (and the seconds spent fetching
     it), then call :meth:`collect` with the pipeline's summary metrics at each logging step.
 
-    >>> import tempfile
-    >>> from zephon import WorkerConfig
-    >>> from zephon.tools.demo import write_demo_recipe
-    >>> recipe = Recipe.from_toml(write_demo_recipe(tempfile.mkdtemp(), scale=0.01))
+    >>> import json, os, tempfile
+    >>> from zephon.data import BUNDLED_TOKENIZER
+    >>> from zephon.engine import WorkerConfig
+    >>> root = tempfile.mkdtemp()
+    >>> for name in ("web", "code"):
+    ...     with open(os.path.join(root, f"{name}.jsonl"), "w") as f:
+    ...         f.writelines(json.dumps({"text": f"{name} document {i} " * 30}) + "\n" for i in range(200))
+    >>> recipe = Recipe.from_dict({"seed": 1, "lanes": 4, "seq_len": 64, "global_batch_size": 8,
+    ...     "tokenizer": {"path": BUNDLED_TOKENIZER}, "shuffle": {"buffer": 1},
+    ...     "datasets": [{"name": "web", "path": "web.jsonl", "weight": 3.0},
+    ...                  {"name": "code", "path": "code.jsonl", "weight": 1.0}]}, base_dir=root)
     >>> m = LoaderMetrics(recipe)
     >>> with recipe.router(world_size=2, rank=0, workers=WorkerConfig(0)) as router:
     ...     m.record(next(router), seconds=0.5)
     ...     out = m.collect(router.summary_metrics())
     >>> out["zephon/steps"], out["zephon/data_loading_s"], out["zephon/declared_share/web"]
-    (1, 0.5, 0.6)
-    >>> sum(out[f"zephon/tokens/{d}"] for d in ("web", "code", "books")) <= 16 * 256
-    True
+    (1, 0.5, 0.75)
+    >>> out["zephon/tokens/web"] + out["zephon/tokens/code"] <= 4 * 64, 0 < out["zephon/packing_efficiency"] <= 1
+    (True, True)
     """
 
     def __init__(self, recipe: Recipe, prefix: str = "zephon/") -> None:
@@ -148,16 +155,21 @@ def _summary_of(loader: Any) -> dict[str, dict[str, Any]] | None:
 def metered(
     loader: Iterable[Any], recipe: Recipe, callback: MetricsCallback, *, every: int = 1, prefix: str = "zephon/"
 ) -> Iterator[Any]:
-    """Yield ``loader``'s batches unchanged and call ``callback(metrics, step)`` every ``every``
+    r"""Yield ``loader``'s batches unchanged and call ``callback(metrics, step)`` every ``every``
     recipe steps: the plain-loop way to get :class:`LoaderMetrics` into any logger.
 
     ``loader``: ``recipe.router(...)`` (one rank) or ``recipe.global_loader(...)``; ``step``
     counts the batches yielded (from the loader's own step after a resume).
 
-    >>> import tempfile
-    >>> from zephon import WorkerConfig
-    >>> from zephon.tools.demo import write_demo_recipe
-    >>> recipe = Recipe.from_toml(write_demo_recipe(tempfile.mkdtemp(), scale=0.01))
+    >>> import json, os, tempfile
+    >>> from zephon.data import BUNDLED_TOKENIZER
+    >>> from zephon.engine import WorkerConfig
+    >>> root = tempfile.mkdtemp()
+    >>> with open(os.path.join(root, "web.jsonl"), "w") as f:
+    ...     f.writelines(json.dumps({"text": f"document {i} " * 30}) + "\n" for i in range(200))
+    >>> recipe = Recipe.from_dict({"seed": 1, "lanes": 4, "seq_len": 64, "global_batch_size": 8,
+    ...     "tokenizer": {"path": BUNDLED_TOKENIZER}, "shuffle": {"buffer": 1},
+    ...     "datasets": [{"name": "web", "path": "web.jsonl", "weight": 1.0}]}, base_dir=root)
     >>> logged = []
     >>> with recipe.global_loader(world_size=1, workers=WorkerConfig(0)) as g:
     ...     for i, batch in zip(range(4), metered(g, recipe, lambda m, s: logged.append((s, m)), every=2)):
