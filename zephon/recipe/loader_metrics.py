@@ -93,7 +93,8 @@ class LoaderMetrics:
         """The metrics of the interval since the last call (see the module docstring), then a new
         interval. ``summary``: :meth:`zephon.engine.Router.summary_metrics` (skips, packing, worker
         wait); without it only the batch-derived numbers are returned."""
-        p, out = self.prefix, {}
+        p = self.prefix
+        out: dict[str, float] = {}
         out[f"{p}steps"] = self._steps
         out[f"{p}data_loading_s"] = self._seconds / self._steps if self._steps else 0.0
         total = int(self._total.sum())
@@ -109,7 +110,8 @@ class LoaderMetrics:
         return out
 
     def _from_summary(self, summary: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
-        p, out = self.prefix, {}
+        p = self.prefix
+        out: dict[str, float] = {}
         by_type = {v.get("node_type"): v for v in summary.values()}
         skips = by_type.get("skip_counter", {})
         seen, skipped = skips.get("seen", {}), skips.get("skipped", {})
