@@ -309,7 +309,7 @@ class Router(ZNode[Any]):
         bar = None
         if len(pairs) >= 8 and sys.stderr.isatty():
             # a restore replays up to one flush interval per lane: show it when it can take a while
-            from tqdm.auto import tqdm
+            from tqdm.std import tqdm
 
             bar = tqdm(total=len(pairs), desc=f"rank {self.rank}: restoring lanes (replay)", unit="lane", leave=False)
 

@@ -92,6 +92,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -108,6 +109,7 @@ from zephon.recipe import (
     FollowerBatches,
     LeaderBatches,
     LedgerWriter,
+    LoaderMetrics,
     RankBatches,
     Recipe,
     RecipeError,
@@ -115,6 +117,7 @@ from zephon.recipe import (
 )
 
 from .peers import DistPeerLink
+from .titan_metrics import register_loader, zephon_metrics_config
 
 __all__ = ["RECIPE_NAMES", "ZephonDataLoader", "titan_mm_batch", "with_zephon"]
 
@@ -268,6 +271,11 @@ class ZephonDataLoader(BaseDataLoader):
         micro-batches and its tokens per dataset) to ``<dump_folder>/zephon_ledger/`` when built
         by TorchTitan's trainer, or to ``ledger_dir``."""
 
+        dashboard: bool = True
+        """Add this loader's metrics to TorchTitan's metrics logger (TensorBoard / W&B) at each of its
+        log steps (needs the trainer's ``metrics`` from :func:`with_zephon`; see
+        :mod:`zephon.integrations.titan_metrics`)."""
+
         ledger_dir: str = ""
         """Folder for the batch ledger ("" = ``<dump_folder>/zephon_ledger`` inside the trainer;
         outside a trainer no ledger is written unless this is set)."""
@@ -351,6 +359,11 @@ class ZephonDataLoader(BaseDataLoader):
             self.special_tokens = {f"{k}_id": v for k, v in r.special_tokens.items()}
             self.special_tokens["pad_id"] = r.pad_id
         self._tensors: dict[str, torch.Tensor] = {}  # the current step as tensors (text recipes)
+        #: per-step metrics for dashboards (:meth:`dashboard_metrics`)
+        self.step_metrics = LoaderMetrics(r)
+        self.step_metrics.step = self.batches.step
+        if config.dashboard:
+            register_loader(self)
 
     def _open(self, local_batch_size: int | None) -> RankBatches:
         r, W = self.recipe, self.dp_world_size
@@ -471,6 +484,7 @@ class ZephonDataLoader(BaseDataLoader):
     def __next__(self) -> tuple[dict[str, Any], torch.Tensor]:
         if self.batches.ended:
             raise StopIteration
+        t0 = time.perf_counter()
         try:
             batch, lo, hi = self.batches.next_slice()
         except StopIteration:
@@ -481,7 +495,10 @@ class ZephonDataLoader(BaseDataLoader):
                 _LOG.info("zephon rank %d: %s", self.dp_rank, end.describe())
             raise
         if lo == 0:
+            self.step_metrics.record(batch, time.perf_counter() - t0, step=self.batches.step)
             self._fetched(batch)
+        else:
+            self.step_metrics.add_time(time.perf_counter() - t0)
         if self.recipe.multimodal:
             merge = self.recipe.vision.merge_size
             sp, pos = self.special_tokens, self.config.with_positions
@@ -496,6 +513,11 @@ class ZephonDataLoader(BaseDataLoader):
     def metrics(self) -> dict[str, Any]:
         """This rank's pipeline metrics, summed over its lanes, per node type."""
         return self.batches.router.summary_metrics()
+
+    def dashboard_metrics(self) -> dict[str, float]:
+        """:class:`zephon.recipe.LoaderMetrics` of the recipe steps since the last call (flat, for
+        TorchTitan's TensorBoard / W&B logger; see :mod:`zephon.integrations.titan_metrics`)."""
+        return self.step_metrics.collect(self.metrics())
 
     def log_metrics(self) -> str:
         """Log (and return) a one-line summary of :meth:`metrics` via the ``zephon`` logger."""
@@ -615,7 +637,9 @@ def with_zephon(
 
     Sets ``dataloader``, ``training.seq_len`` and ``training.global_batch_size`` from the recipe
     (``overrides`` are :class:`ZephonDataLoader.Config` fields, e.g. ``workers=4``), and
-    ``checkpoint.last_save_model_only = False`` so the last checkpoint keeps the loader state.
+    ``checkpoint.last_save_model_only = False`` so the last checkpoint keeps the loader state, and
+    makes ``metrics`` a :class:`~zephon.integrations.titan_metrics.ZephonMetricsProcessor.Config`
+    (the loader's metrics in TensorBoard / W&B next to the loss).
     The config then passes its final ``dump_folder`` and batch (after the command line) to its
     ``dataloader`` when that is a :class:`ZephonDataLoader.Config` (the ledger's folder, the
     check that one trainer step is one recipe step), also when ``dataloader`` is replaced later.
@@ -643,9 +667,13 @@ def with_zephon(
         trainer_config.checkpoint, "last_save_model_only"
     ):
         trainer_config.checkpoint.last_save_model_only = False
+    if getattr(trainer_config, "metrics", None) is not None:
+        trainer_config.metrics = zephon_metrics_config(trainer_config.metrics)
     if validation is not None:
         perf = {k: overrides[k] for k in ("workers", "backend") if k in overrides}
-        vcfg = ZephonDataLoader.Config(recipe=validation, ledger=False, log_every=0, infinite=False, **perf)
+        vcfg = ZephonDataLoader.Config(
+            recipe=validation, ledger=False, log_every=0, infinite=False, dashboard=False, **perf
+        )
         vr = vcfg.load_recipe()
         if not vr.spec.finite:
             repeating = next(d.name for d in vr.datasets if d.policy != "stop")

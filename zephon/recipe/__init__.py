@@ -8,7 +8,8 @@ rules), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the 
 :mod:`~zephon.recipe.migrations` (how lane states moved between checkpoint formats), and
 :mod:`~zephon.recipe.recipe` (the :class:`Recipe` that ties them together) and
 :mod:`~zephon.recipe.runtime` (:class:`RankBatches`: one rank's batches, step by step),
-:mod:`~zephon.recipe.peers` (model-parallel peers of a DP rank reading once), and
+:mod:`~zephon.recipe.peers` (model-parallel peers of a DP rank reading once),
+:mod:`~zephon.recipe.loader_metrics` (per-step loader metrics for dashboards), and
 :mod:`~zephon.recipe.ledger` (the batch ledger's file format and :class:`LedgerWriter`).
 """
 
@@ -17,6 +18,7 @@ from .build import RecipeLanes, build_lane
 from .estimate import BadSamplesWarning, TokenEstimate, bad_samples_message, estimate_tokens
 from .keys import LIMITS, max_workers
 from .ledger import LEDGER_DIR, LEDGER_GLOB, LEDGER_VERSION, LedgerWriter, dataset_tokens, ledger_file
+from .loader_metrics import LoaderMetrics, metered
 from .migrations import LANE_MIGRATIONS
 from .parse import parse_recipe
 from .peers import FollowerBatches, LeaderBatches, PeerLink, definition_digest
@@ -48,6 +50,7 @@ __all__ = [
     "FollowerBatches",
     "LeaderBatches",
     "LedgerWriter",
+    "LoaderMetrics",
     "MemoryBudget",
     "MixingSpec",
     "PackSpec",
@@ -70,6 +73,7 @@ __all__ = [
     "estimate_tokens",
     "ledger_file",
     "max_workers",
+    "metered",
     "parse_recipe",
     "prepare",
 ]

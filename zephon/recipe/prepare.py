@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any, cast
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm.std import tqdm  # tqdm.auto warns in a notebook kernel without ipywidgets (IProgress)
 
 from zephon.data import (
     DatasetIndex,

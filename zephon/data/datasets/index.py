@@ -338,7 +338,7 @@ def _prepare_all(idx: DatasetIndex, progress: bool | None) -> list[tuple[dict[st
         progress = n > 4 and sys.stderr.isatty()
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm.std import tqdm
 
         bar = tqdm(total=n, desc=f"indexing {idx.name}", unit="shard")
     results: dict[int, tuple[dict[str, np.ndarray], bool]] = {}
