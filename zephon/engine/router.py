@@ -399,12 +399,19 @@ class Router(ZNode[Any]):
 
 def _par_map(fn: Callable[[Any], Any], items: list[Any], threads: int) -> list[Any]:
     """``[fn(x) for x in items]`` on up to ``threads`` threads, results in order; the first
-    error (in item order) is raised after every call has finished."""
+    error (in item order) is raised after every call has finished. Interrupted while waiting
+    (Ctrl-C, SIGTERM in the main thread), it returns at once: the calls not started are
+    cancelled and the running ones end when their pipelines are closed (cancelled)."""
     if threads <= 1 or len(items) <= 1:
         return [fn(x) for x in items]
-    with cf.ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="zephon-lanes") as ex:
+    ex = cf.ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="zephon-lanes")
+    try:
         futs = [ex.submit(fn, x) for x in items]
         cf.wait(futs)
+    except BaseException:
+        ex.shutdown(wait=False, cancel_futures=True)
+        raise
+    ex.shutdown(wait=True)
     return [f.result() for f in futs]
 
 
