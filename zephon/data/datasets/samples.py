@@ -75,6 +75,8 @@ class ImageTextStore(ShardStore):
     format: str
     text_field: str
     image_field: str
+    #: tar member extensions read as images (see :data:`zephon.data.datasets.wds.TAR_IMAGES`)
+    image_exts: tuple[str, ...]
     max_record_bytes: int
     _specs: list[ShardSpec]
     _arrays: dict[int, dict[str, np.ndarray]]

@@ -21,7 +21,7 @@ import numpy as np
 from .errors import BadRecord
 from .samples import ImageTextStore, MMRecord, image_header_size
 
-__all__ = ["IMAGE_EXTS", "TEXT_EXTS", "WdsReader", "tar_member_role"]
+__all__ = ["CLASSIC_IMAGE_EXTS", "IMAGE_EXTS", "TAR_IMAGES", "TEXT_EXTS", "WdsReader", "tar_member_role"]
 
 
 def _pillow_image_exts() -> tuple[str, ...]:
@@ -44,6 +44,11 @@ def _pillow_image_exts() -> tuple[str, ...]:
 #: tar member extensions (lower case, after the key's first dot) read as a sample's image: every
 #: extension Pillow can open (see :func:`_pillow_image_exts`)
 IMAGE_EXTS = _pillow_image_exts()
+#: the tar image extensions of data version 1 (a recipe's tar shards keep their samples, and a
+#: skip recipe the samples it skips, under ``data_version = 1``)
+CLASSIC_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+#: which tar members are images, by name: "classic" (data version 1), "pillow" (version 2)
+TAR_IMAGES = {"classic": CLASSIC_IMAGE_EXTS, "pillow": IMAGE_EXTS}
 #: tar member extensions read as a sample's caption (``json``: the caption is under text_field)
 TEXT_EXTS = ("txt", "json")
 _BLOCK = 512
@@ -55,19 +60,22 @@ def _listed(exts: tuple[str, ...]) -> str:
     return "/".join("." + e for e in exts)
 
 
-def tar_member_role(name: str) -> tuple[str, str, str] | None:
+def tar_member_role(name: str, image_exts: tuple[str, ...] = IMAGE_EXTS) -> tuple[str, str, str] | None:
     """``(sample key, "image" | "text", extension)`` of a tar member's name, or None for a
-    member that is not part of a sample (hidden, without an extension, or another kind).
+    member that is not part of a sample (hidden, without an extension, or another kind);
+    ``image_exts``: the extensions read as images (:data:`TAR_IMAGES`).
 
     >>> tar_member_role("shard/0001.JPG"), tar_member_role("0001.json"), tar_member_role("0001.cls")
     (('shard/0001', 'image', 'jpg'), ('0001', 'text', 'json'), None)
+    >>> tar_member_role("0001.gif"), tar_member_role("0001.gif", CLASSIC_IMAGE_EXTS)
+    (('0001', 'image', 'gif'), None)
     """
     d, _, base = name.rpartition("/")
     if base.startswith(".") or "." not in base:
         return None
     stem, ext = base.split(".", 1)
     ext = ext.lower()
-    slot = "image" if ext in IMAGE_EXTS else "text" if ext in TEXT_EXTS else None
+    slot = "image" if ext in image_exts else "text" if ext in TEXT_EXTS else None
     if slot is None:
         return None
     return (f"{d}/{stem}" if d else stem), slot, ext
@@ -212,8 +220,10 @@ class WdsReader:
         f.seek(0, os.SEEK_END)
         size = f.tell()
 
+        exts = self.ix.image_exts
+
         def add(m: tarfile.TarInfo) -> None:
-            role = tar_member_role(m.name)
+            role = tar_member_role(m.name, exts)
             if role is None:
                 return
             key, slot, ext = role
@@ -280,6 +290,12 @@ class WdsReader:
         a["img_w"], a["img_h"] = np.array(widths, np.int64), np.array(heights, np.int64)
         return a
 
+    def _image_kinds(self) -> str:
+        exts = self.ix.image_exts
+        if exts == CLASSIC_IMAGE_EXTS:
+            return f"{_listed(exts)}; data version 2 reads every extension Pillow opens"
+        return f"a member Pillow can open: {_listed(exts[:8])}, ..."
+
     def damaged(self, shard: int) -> list[tuple[int, str]]:
         """The damaged regions of a tar shard: ``(record, reason)`` for each placeholder record
         (empty for intact shards and for Parquet)."""
@@ -335,7 +351,7 @@ class WdsReader:
                         self.ix.name,
                         disp,
                         loc,
-                        f"the sample has a caption but no image (a member Pillow can open: {_listed(IMAGE_EXTS[:8])}, ...)",
+                        f"the sample has a caption but no image ({self._image_kinds()})",
                     )
                 )
                 continue
