@@ -47,7 +47,8 @@ from .wds import IMAGE_EXTS, TAR_IMAGES, WdsReader
 __all__ = ["IMAGE_EXTS", "KINDS", "MM_FORMATS", "MMRecord", "MultimodalIndex", "image_header_size", "index_multimodal"]
 
 KINDS = ("text", "image_text", "interleaved")
-_CACHE_VERSION = 3  # 2: tar member names (provenance); 3: damaged tar regions as records
+# 2: tar member names (provenance); 3: damaged tar regions as records; 4: CRC-32 per read unit
+_CACHE_VERSION = 4
 
 
 class MultimodalIndex(ImageTextStore):

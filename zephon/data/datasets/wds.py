@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+import zlib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from .errors import BadRecord
+from .errors import BadRecord, DataError
 from .samples import ImageTextStore, MMRecord, image_header_size
 
 __all__ = ["CLASSIC_IMAGE_EXTS", "IMAGE_EXTS", "TAR_IMAGES", "TEXT_EXTS", "WdsReader", "tar_member_role"]
@@ -144,10 +145,30 @@ class WdsReader:
                 s, f"cannot open the file ({type(e).__name__}: {e})", "Check the path and its permissions."
             ) from None
 
-    def _read_range(self, s: int, off: int, n: int) -> bytes:
+    def _io_error(self, s: int, e: OSError) -> DataError:
+        return self.ix._err(
+            s,
+            f"I/O error while reading it ({type(e).__name__}: {e})",
+            "Check that the storage is reachable and the file is intact, then retry.",
+        )
+
+    def _fetch(self, s: int, off: int, n: int) -> bytes:
+        """One try at bytes ``off:off+n`` of remote shard s (transient faults raised as they are,
+        for :meth:`ImageTextStore._retrying`)."""
         sp = self.ix._specs[s]
         try:
-            if sp.local:
+            return sp.fs.cat_file(sp.fspath, start=off, end=off + n)
+        except OSError as e:
+            if self.ix._transient(e):
+                raise
+            raise self._io_error(s, e) from None
+
+    def _read_range(self, s: int, off: int, n: int) -> bytes:
+        sp = self.ix._specs[s]
+        if not sp.local:
+            data = self.ix._retrying(s, "reading", lambda: self._fetch(s, off, n))
+        else:
+            try:
                 st = os.stat(sp.fspath)
                 if st.st_size != sp.size or str(st.st_mtime_ns) != sp.version:
                     raise self.ix._err(
@@ -160,14 +181,8 @@ class WdsReader:
                     data = os.pread(fd, n, off)
                 finally:
                     os.close(fd)
-            else:
-                data = sp.fs.cat_file(sp.fspath, start=off, end=off + n)
-        except OSError as e:
-            raise self.ix._err(
-                s,
-                f"I/O error while reading it ({type(e).__name__}: {e})",
-                "Check that the storage is reachable and the file is intact, then retry.",
-            ) from None
+            except OSError as e:
+                raise self._io_error(s, e) from None
         if len(data) != n:
             raise self.ix._err(
                 s,
@@ -257,6 +272,8 @@ class WdsReader:
         n = len(order)
         a = {k: np.full(n, -1, np.int64) for k in ("img_off", "img_len", "txt_off", "txt_len", "damage", "damage_end")}
         a["txt_json"] = np.zeros(n, np.int64)
+        # CRC-32 of each member's bytes, checked on every read (size and mtime are not identity)
+        a["img_crc"], a["txt_crc"] = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
         a["damage_kind"] = np.zeros(n, np.int64)
         widths, heights = [], []
         names = {"img_name": [""] * n, "txt_name": [""] * n}
@@ -274,14 +291,17 @@ class WdsReader:
                     names["img_name" if slot == "image" else "txt_name"][i] = got[slot][3]
             if "image" in got:
                 a["img_off"][i], a["img_len"][i] = got["image"][0], got["image"][1]
-                w, h = image_header_size(self._read_range(s, got["image"][0], min(got["image"][1], 1 << 16)))
+                data = self._read_range(s, got["image"][0], got["image"][1])
+                a["img_crc"][i] = zlib.crc32(data)
+                w, h = image_header_size(data[: 1 << 16])
                 if (w, h) == (0, 0) and got["image"][1] > (1 << 16):
-                    w, h = image_header_size(self._read_range(s, got["image"][0], got["image"][1]))
+                    w, h = image_header_size(data)
                 widths.append(w)
                 heights.append(h)
             if "text" in got:
                 a["txt_off"][i], a["txt_len"][i] = got["text"][0], got["text"][1]
                 a["txt_json"][i] = 1 if got["text"][2] == "json" else 0
+                a["txt_crc"][i] = zlib.crc32(self._read_range(s, got["text"][0], got["text"][1]))
         a["keys"] = np.array(keys, dtype=np.str_) if keys else np.zeros(0, dtype="<U1")
         for k, v in names.items():
             a[k] = np.array(v, dtype=np.str_) if v else np.zeros(0, dtype="<U1")
@@ -362,6 +382,8 @@ class WdsReader:
                 continue
             img = self._read_range(s, int(a["img_off"][i]), int(a["img_len"][i]))
             raw = self._read_range(s, int(a["txt_off"][i]), int(a["txt_len"][i]))
+            if zlib.crc32(img) != a["img_crc"][i] or zlib.crc32(raw) != a["txt_crc"][i]:
+                raise self.ix._changed_error(s, loc)
             try:
                 text = raw.decode("utf-8")
                 if a["txt_json"][i]:
