@@ -7,7 +7,6 @@ changed after indexing is refused naming it."""
 from __future__ import annotations
 
 import io
-import os
 import signal
 import socket
 import subprocess
