@@ -8,9 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
-import threading
 import time
 import traceback
 import warnings
@@ -24,6 +22,7 @@ from zephon.engine import PipelineError, StateError, WorkerConfig
 from zephon.engine.checkpoint import decode_state, encode_state, load_state, save_state
 from zephon.engine.digest import batch_sha256
 from zephon.engine.lanes import check_world_size
+from zephon.engine.shutdown import Terminated, stop_on_signals
 from zephon.recipe import (
     LedgerWriter,
     RankBatches,
@@ -42,18 +41,6 @@ from .ledger_diff import run_ledger_diff
 __all__ = ["main", "run_hashes"]
 
 STATE_FILE = "zephon_state.json"
-
-
-class Terminated(SystemExit):
-    """Raised in the main thread by SIGTERM (a scheduler's preemption): the ``with`` blocks
-    unwind, so every worker pool is closed, and ``zephon`` exits with 143 (128 + 15)."""
-
-    def __init__(self) -> None:
-        super().__init__(143)
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise Terminated()
 
 
 def _state_file(resume: str) -> str:
@@ -254,12 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("ZEPHON_DEBUG", "") not in ("", "0")
 
-    # SIGTERM (a scheduler's preemption) unwinds like Ctrl-C: pools closed, nothing left behind
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    # SIGTERM (a scheduler's preemption) unwinds like Ctrl-C: pipelines cancelled, pools
+    # closed, nothing left behind, and a watchdog ends the process if that takes too long
     try:
-        with _warnings_as_lines(args.cmd):
+        with stop_on_signals(f"zephon {args.cmd}"), _warnings_as_lines(args.cmd):
             return _run(parser, args)
     except Terminated:
         print(f"zephon {args.cmd}: terminated (SIGTERM); workers stopped", file=sys.stderr)
@@ -281,9 +266,6 @@ def main(argv: list[str] | None = None) -> int:
         if not debug and tb:
             print("(run with --debug or ZEPHON_DEBUG=1 for the worker's traceback)", file=sys.stderr)
         return 2
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
