@@ -15,6 +15,7 @@ Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 """
 
 from .batch import Batch
+from .chat import LONG, ChatDoc, ChatOptions, ChatPack, FetchChat
 from .mmpack import MMPack, mm_pad_batch
 from .pack import ALGORITHMS, Pack, pad_row, pad_rows
 from .policy import ON_ERROR, skip_hint
@@ -30,13 +31,18 @@ __all__ = [
     "DECODE_RULES",
     "IGNORE_INDEX",
     "LABELS",
+    "LONG",
     "MAX_DETAIL_ROWS",
     "ON_ERROR",
     "POLICIES",
     "SKIP_SHARE_WARNING",
     "SPLIT_MODES",
     "Batch",
+    "ChatDoc",
+    "ChatOptions",
+    "ChatPack",
     "DatasetPlan",
+    "FetchChat",
     "FetchTokenize",
     "FetchVision",
     "LaneWorkSource",
