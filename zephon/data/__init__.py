@@ -8,7 +8,9 @@ this layer answers "how many records, how big is each, give me records i, j, k o
 
 from .chat import (
     CHAT_FORMATS,
+    CHAT_TOKENIZER,
     LOSS_ON,
+    SHAREGPT_ROLES,
     TEMPLATES,
     ChatEncoding,
     ChatRenderer,
@@ -43,6 +45,7 @@ from .tokenizer import BUNDLED_TOKENIZER, TextTokenizer, set_tokenizers_parallel
 __all__ = [
     "BUNDLED_TOKENIZER",
     "CHAT_FORMATS",
+    "CHAT_TOKENIZER",
     "DEFAULT_MAX_RECORD_BYTES",
     "EMPTY",
     "FORMATS",
@@ -50,6 +53,7 @@ __all__ = [
     "LOSS_ON",
     "MM_FORMATS",
     "SAME_FILE",
+    "SHAREGPT_ROLES",
     "TEMPLATES",
     "TEXT_MODES",
     "BadRecord",

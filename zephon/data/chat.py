@@ -37,6 +37,7 @@ import numpy as np
 
 __all__ = [
     "CHAT_FORMATS",
+    "CHAT_TOKENIZER",
     "LOSS_ON",
     "ROLES",
     "SHAREGPT_ROLES",
@@ -65,6 +66,9 @@ SHAREGPT_ROLES = {
     "observation": "tool",
 }
 _ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "chat")
+#: a demo/test tokenizer: the bundled BPE plus ChatML's ``<|im_start|>`` / ``<|im_end|>`` special
+#: tokens, its ``tokenizer_config.json`` holding the ChatML template with generation markers
+CHAT_TOKENIZER = _ASSETS
 #: chat templates shipped with zephon, by the name a recipe gives (``chat_template = "chatml"``)
 TEMPLATES = {
     "chatml": os.path.join(_ASSETS, "chatml.jinja"),
