@@ -15,7 +15,7 @@ Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 """
 
 from .batch import Batch
-from .chat import LONG, ChatDoc, ChatOptions, ChatPack, FetchChat
+from .chat import LONG, ChatDoc, ChatOptions, ChatPack, FetchChat, fit_conversation
 from .mmpack import MMPack, mm_pad_batch
 from .pack import ALGORITHMS, Pack, pad_row, pad_rows
 from .policy import ON_ERROR, skip_hint
@@ -60,6 +60,7 @@ __all__ = [
     "WindowShuffle",
     "WorkItem",
     "WorkPlan",
+    "fit_conversation",
     "lane_share",
     "mm_pad_batch",
     "pad_row",

@@ -46,7 +46,7 @@ from .rows import IGNORE_INDEX
 from .tokenize import FetchTokenize
 from .worksource import WorkItem
 
-__all__ = ["LONG", "ChatDoc", "ChatOptions", "ChatPack", "FetchChat"]
+__all__ = ["LONG", "ChatDoc", "ChatOptions", "ChatPack", "FetchChat", "fit_conversation"]
 
 #: what happens to a conversation longer than a row (module doc)
 LONG = ("drop", "truncate", "truncate_turns", "split")
@@ -81,14 +81,16 @@ class ChatOptions:
     system_prompt: str | None = None
 
 
-def fit(ids: np.ndarray, turns: Sequence[tuple[int, int]], opts: ChatOptions, row: int) -> tuple[Any, str | None]:
+def fit_conversation(
+    ids: np.ndarray, turns: Sequence[tuple[int, int]], opts: ChatOptions, row: int
+) -> tuple[Any, str | None]:
     """``(tokens, mask)`` within ``row`` tokens under ``opts.long``, and the policy applied (None:
     it fit); ``(reason, None)`` when the conversation is dropped.
 
     >>> ids = np.arange(10); t = [(2, 4), (6, 9)]
-    >>> fit(ids, t, ChatOptions(long="truncate_turns"), 8)[0][1].astype(int).tolist()
+    >>> fit_conversation(ids, t, ChatOptions(long="truncate_turns"), 8)[0][1].astype(int).tolist()
     [0, 0, 1, 1]
-    >>> fit(ids, t, ChatOptions(long="drop"), 8)[0]
+    >>> fit_conversation(ids, t, ChatOptions(long="drop"), 8)[0]
     'conversation too long: 10 tokens, a row holds 8 (long = "drop")'
     """
     n = len(ids)
@@ -164,7 +166,7 @@ class FetchChat(ProcessLocal):
                 ix = self.datasets[d]
                 rec = BadRecord(ix.name, ix.locate(it.shard, it.record)["file"], _locator(ix, it), str(e))
             else:
-                got, how = fit(enc.ids, enc.turns, opts, self.row_len)
+                got, how = fit_conversation(enc.ids, enc.turns, opts, self.row_len)
                 if isinstance(got, str):
                     return ChatDoc(empty, d, it, got)
                 return ChatDoc(got[0], d, it, None, got[1], how)

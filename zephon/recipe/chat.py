@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from zephon.data import ChatRenderer, ConversationError, ShardIndex, load_chat_template, parse_conversation
-from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, FetchTokenize
+from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, FetchTokenize, fit_conversation
 
 from .spec import CHAT_KIND, COUNT, RecipeError, RecipeSpec
 
@@ -85,7 +85,9 @@ def estimate_chat(
 ) -> tuple[float, float, int, dict[str, tuple[int, str]]]:
     """A chat dataset's token estimate ``(tokens per record byte, 0 per record, conversations
     measured, bad ones by reason)`` on the seeded sample ``sampler`` draws (the one text datasets
-    are measured on); tokens are all rendered ones or the "loss" ones (``[mixing] count``)."""
+    are measured on); tokens are all rendered ones or the "loss" ones (``[mixing] count``), as the
+    run delivers them under the dataset's ``long`` policy (a dropped conversation weighs its bytes
+    with no tokens, so the plan draws more conversations to make the dataset's share)."""
     opts = _options(spec)[d]
     sample = sampler(index, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=d)
     tokens = nbytes = records = 0
@@ -101,8 +103,9 @@ def estimate_chat(
                 key = str(e).split(":")[0][:60]
                 bad[key] = (bad.get(key, (0, ""))[0] + 1, str(e))
                 continue
-            turns = enc.turns if opts.loss_on == "all" else enc.turns[-1:]
-            tokens += len(enc.ids) if spec.mixing.count == "all" else sum(b - a for a, b in turns)
+            got, _ = fit_conversation(enc.ids, enc.turns, opts, spec.seq_len + 1)  # what the run delivers
+            if not isinstance(got, str):  # a dropped one delivers nothing
+                tokens += len(got[0]) if spec.mixing.count == "all" else int(got[1].sum())
             nbytes += int(sizes[r])
             records += 1
     return (max(tokens, 1) / nbytes if nbytes else 1.0), 0.0, records, bad
