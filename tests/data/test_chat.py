@@ -53,10 +53,13 @@ def test_the_conversations_cover_the_cases():
 
 @pytest.mark.parametrize("loss_on", ["all", "last"])
 def test_generation_markers_equal_transformers_assistant_mask(hf, loss_on):
-    r = _renderer(None)  # the tokenizer's own template (tokenizer_config.json), with markers
+    r = _renderer("chatml_generation")
     assert r.markers
+    tpl = load_chat_template("chatml_generation", TOK)
     for conv in CONVS:
-        want = hf.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        want = hf.apply_chat_template(
+            conv, chat_template=tpl, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
         enc = r.encode(parse_conversation(conv))
         assert enc.ids.tolist() == list(want["input_ids"])
         mask = select_mask(len(enc.ids), enc.turns, "all")
@@ -70,10 +73,13 @@ def test_generation_markers_equal_transformers_assistant_mask(hf, loss_on):
 
 
 def test_chatml_without_markers_equals_the_marked_template_in_transformers(hf):
-    r = _renderer("chatml")
-    assert not r.markers
+    r = _renderer(None)  # the tokenizer's own template (tokenizer_config.json): ChatML without markers
+    assert not r.markers and r.fingerprint == _renderer("chatml").fingerprint
+    tpl = load_chat_template("chatml_generation", TOK)
     for conv in CONVS:
-        want = hf.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        want = hf.apply_chat_template(
+            conv, chat_template=tpl, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
         enc = r.encode(parse_conversation(conv))
         assert enc.ids.tolist() == list(want["input_ids"])
         assert select_mask(len(enc.ids), enc.turns).astype(int).tolist() == list(want["assistant_masks"])
@@ -211,7 +217,7 @@ def test_special_tokens_in_content_and_failing_templates_are_refused(tmp_path):
 
 def test_templates_are_found_and_fingerprinted(tmp_path):
     assert set(TEMPLATES) == {"chatml", "chatml_generation", "plain"}
-    prints = {_renderer(n).fingerprint for n in (None, "chatml", "plain")}
+    prints = {_renderer(n).fingerprint for n in ("chatml_generation", "chatml", "plain")}
     assert len(prints) == 3
     with pytest.raises(FileNotFoundError, match="neither a shipped template"):
         load_chat_template("nope", TOK)

@@ -60,8 +60,9 @@ def _record(r, d, shard, record):
 
 
 def _reference(hf, conv, loss_on):
-    """transformers' tokens and assistant mask (the marked ChatML template renders the same text
-    as the unmarked one the sharegpt dataset names), the last turn only with loss_on = "last"."""
+    """transformers' tokens and assistant mask from the marked ChatML template (the sharegpt
+    dataset's; the messages dataset uses the tokenizer's own unmarked ChatML, which renders the
+    same text), the last turn only with loss_on = "last"."""
     tpl = load_chat_template("chatml_generation", CHAT_TOKENIZER)
     out = hf.apply_chat_template(conv, chat_template=tpl, return_dict=True, return_assistant_tokens_mask=True)
     mask = np.asarray(out["assistant_masks"], bool)
@@ -212,7 +213,7 @@ def test_recipe_rules_and_fingerprint(root, tmp_path):
     (tmp_path / "k.toml").write_text(base.replace('name = "web"', 'name = "web"\nloss_on = "last"'))
     with pytest.raises(RecipeError, match='loss_on only applies to kind = "chat"'):
         Recipe.from_toml(str(tmp_path / "k.toml"))
-    (tmp_path / "t.toml").write_text(base.replace('chat_template = "chatml"', 'chat_template = "chatml_generation"'))
+    (tmp_path / "t.toml").write_text(base.replace('chat_template = "chatml_generation"', 'chat_template = "chatml"'))
     a = Recipe.from_toml(str(tmp_path / "chat.toml")).fingerprint
     b = Recipe.from_toml(str(tmp_path / "t.toml")).fingerprint
     assert a != b  # the template is part of the data definition

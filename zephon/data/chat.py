@@ -67,7 +67,9 @@ SHAREGPT_ROLES = {
 }
 _ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "chat")
 #: a demo/test tokenizer: the bundled BPE plus ChatML's ``<|im_start|>`` / ``<|im_end|>`` special
-#: tokens, its ``tokenizer_config.json`` holding the ChatML template with generation markers
+#: tokens, its ``tokenizer_config.json`` holding the ChatML template without generation markers
+#: (TorchTitan 0.3's tokenizer compiles that template with plain Jinja, which refuses the
+#: ``{% generation %}`` tag); the marked one is the shipped "chatml_generation"
 CHAT_TOKENIZER = _ASSETS
 #: chat templates shipped with zephon, by the name a recipe gives (``chat_template = "chatml"``)
 TEMPLATES = {
