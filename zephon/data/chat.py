@@ -252,7 +252,7 @@ class ChatRenderer:
         )
         self._kwargs = self._special_kwargs()
 
-    def _special_kwargs(self) -> dict[str, str]:
+    def _special_kwargs(self) -> dict[str, Any]:
         folder = self.tokenizer_path
         if not os.path.isdir(folder):
             folder = os.path.dirname(os.path.abspath(folder))
@@ -261,7 +261,7 @@ class ChatRenderer:
             return {}
         with open(cfg_path, encoding="utf-8") as f:
             cfg = json.load(f)
-        out = {}
+        out: dict[str, Any] = {}
         for k in ("bos_token", "eos_token", "pad_token", "unk_token"):
             v = cfg.get(k)
             v = v.get("content") if isinstance(v, dict) else v
@@ -291,7 +291,7 @@ class ChatRenderer:
 
         msgs = conv["messages"] if upto is None else conv["messages"][:upto]
         try:
-            texts, spans = render_jinja_template(
+            out: Any = render_jinja_template(
                 [msgs],
                 tools=conv.get("tools"),
                 chat_template=self.template,
@@ -299,6 +299,7 @@ class ChatRenderer:
                 add_generation_prompt=prompt,
                 **self._kwargs,
             )
+            texts, spans = out
         except Exception as e:  # jinja raises many kinds (TemplateError, TypeError, raise_exception)
             raise ConversationError(f"the chat template failed to render it: {type(e).__name__}: {e}") from None
         return texts[0], (spans[0] if spans else [])

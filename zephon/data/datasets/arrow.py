@@ -90,7 +90,7 @@ class ColumnReader(Reader):
         if schema.get_field_index(self.ix.text_field) < 0:
             raise self._text_column_error(s, schema.names)
         typ = schema.field(self.ix.text_field).type
-        if not is_text_type(typ) and self.ix.text_mode != "json":
+        if not is_text_type(typ) and getattr(self.ix, "text_mode", "") != "json":
             raise self._text_column_error(s, schema.names, typ)
 
     def _text_column_error(self, s: int, names: list[str], typ: Any = None) -> DataError:
@@ -110,7 +110,7 @@ class ColumnReader(Reader):
     def as_values(self, col: Any) -> Any:
         """The column as read: itself, or with ``text_mode = "json"`` each value's JSON text
         (nulls stay null), so sizes, checksums and reads work on the same strings."""
-        if self.ix.text_mode != "json":
+        if getattr(self.ix, "text_mode", "") != "json":
             return col
         import pyarrow as pa
 
