@@ -15,6 +15,7 @@ Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 """
 
 from .batch import Batch
+from .chat import LONG, ChatDoc, ChatOptions, ChatPack, FetchChat, fit_conversation
 from .images import DECODE_RULES, VisionConfig
 from .mmpack import MMPack, mm_pad_batch
 from .pack import ALGORITHMS, Pack, pad_row, pad_rows
@@ -31,13 +32,18 @@ __all__ = [
     "DECODE_RULES",
     "IGNORE_INDEX",
     "LABELS",
+    "LONG",
     "MAX_DETAIL_ROWS",
     "ON_ERROR",
     "POLICIES",
     "SKIP_SHARE_WARNING",
     "SPLIT_MODES",
     "Batch",
+    "ChatDoc",
+    "ChatOptions",
+    "ChatPack",
     "DatasetPlan",
+    "FetchChat",
     "FetchTokenize",
     "FetchVision",
     "LaneWorkSource",
@@ -55,6 +61,7 @@ __all__ = [
     "WindowShuffle",
     "WorkItem",
     "WorkPlan",
+    "fit_conversation",
     "lane_share",
     "mm_pad_batch",
     "pad_row",

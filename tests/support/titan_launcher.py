@@ -176,6 +176,16 @@ def zephon_llama3_cpu():
     return config
 
 
+def zephon_chat_cpu():
+    """The same on a chat recipe ($ZEPHON_TEST_RECIPE): the chat tokenizer (ChatML tokens) and its vocabulary."""
+    from zephon.data import CHAT_TOKENIZER, TextTokenizer
+
+    config = zephon_llama3_cpu()
+    config.hf_assets_path = CHAT_TOKENIZER
+    zdemo.resize_vocab(config, TextTokenizer(CHAT_TOKENIZER).vocab_size)
+    return config
+
+
 def titan_loader_cpu():
     """The same model and shapes on TorchTitan's own HuggingFaceTextDataLoader (contrast)."""
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader

@@ -38,6 +38,7 @@ def test_there_are_notebooks():
         "03_mixtures_and_curricula",
         "04_elastic_determinism",
         "05_vision_language",
+        "06_chat_sft",
     ):
         assert expected in names, f"notebooks/{expected}.ipynb is missing"
 

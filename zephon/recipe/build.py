@@ -33,6 +33,7 @@ from zephon.engine.lanes import LaneSet, count_lane_steps
 from zephon.engine.workers import PoolSet
 from zephon.nodes import (
     Batch,
+    ChatPack,
     LaneWorkSource,
     MMPack,
     Pack,
@@ -46,7 +47,7 @@ from zephon.nodes import (
 from .lanesteps import cached_lane_steps
 from .migrations import LANE_MIGRATIONS
 from .prepare import Prepared, fingerprint_of
-from .spec import DATA_VERSION, RecipeError, RecipeSpec
+from .spec import CHAT_KIND, DATA_VERSION, RecipeError, RecipeSpec
 
 __all__ = ["RecipeLanes", "build_lane", "max_doc_tokens", "pad_item", "prefetch_depth"]
 
@@ -126,7 +127,9 @@ def build_lane(p: Prepared, ctx: LaneContext, workers: WorkerConfig | None = Non
             labels=spec.pack.labels,
         )
         return _shuffle(spec, node, ctx.lane, -(-spec.shuffle.buffer // spec.rows_per_lane))  # in micro-batches
-    node = Pack(
+    chat = [s for s in spec.datasets if s.kind == CHAT_KIND]  # labels only on assistant tokens
+    extra = {"allow_split": any(s.long == "split" for s in chat)} if chat else {}
+    node = (ChatPack if chat else Pack)(
         _front(p, ctx, "tokenize", workers),
         seq_len=spec.seq_len,
         algorithm=spec.pack.algorithm,
@@ -135,6 +138,7 @@ def build_lane(p: Prepared, ctx: LaneContext, workers: WorkerConfig | None = Non
         max_open=spec.pack.max_open,
         max_doc_tokens=max_doc_tokens(spec),
         labels=spec.pack.labels,
+        **extra,
     )
     fill = pad_row(spec.seq_len, p.pad_id) if spec.end == "pad" else None
     return Batch(_shuffle(spec, node, ctx.lane, spec.shuffle.buffer), batch_size=spec.rows_per_lane, fill=fill)

@@ -24,6 +24,7 @@ __all__ = [
     "all_bad_error",
     "bad_samples_message",
     "estimate_tokens",
+    "estimation_sample",
 ]
 
 
@@ -44,9 +45,7 @@ class TokenEstimate:
     bad: Mapping[str, tuple[int, str]] = field(default_factory=dict, compare=False)
 
 
-def _estimation_sample(
-    index: ShardIndex, *, seed: int, samples: int, ds_number: int
-) -> Iterator[tuple[int, list[int]]]:
+def estimation_sample(index: ShardIndex, *, seed: int, samples: int, ds_number: int) -> Iterator[tuple[int, list[int]]]:
     """The seeded sample of records token estimation reads: ``(shard, [local record, ...])``
     per shard, in shard order (the same sample on every rank and every run)."""
     n = index.num_records
@@ -86,7 +85,7 @@ def estimate_tokens(
     shares: list[float] = []
     nbytes = records = 0
     bad: dict[str, list[Any]] = {}
-    for s, local in _estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
+    for s, local in estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
         sizes = index.record_bytes(s)
         for r, rec in zip(local, index.read(s, local)):
             if isinstance(rec, str):

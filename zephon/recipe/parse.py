@@ -29,13 +29,15 @@ import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from zephon.data import FORMATS, MM_FORMATS
+from zephon.data import FORMATS, MM_FORMATS, TEMPLATES
 from zephon.engine import WorkerConfig
 from zephon.nodes import VisionConfig, WeightSchedule
 
 from .budget import VL_WINDOW_BYTES, memory_budget, size
+from .chat import CHAT_KEYS, check_chat
 from .keys import LIMITS, Key, keys, meta
 from .spec import (
+    CHAT_KIND,
     DATA_VERSION,
     VERSIONED,
     VISION_TOKENS,
@@ -312,6 +314,7 @@ def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
     )
     spec = _rule_vl_buffer(spec, "buffer" in shuffle_given)
     _rule_memory(spec)
+    check_chat(spec)
     return spec
 
 
@@ -346,6 +349,8 @@ def _dataset(i: int, d: Any, base_dir: str, version: int) -> DatasetSpec:
     given = _rule_dataset(read_table(DatasetSpec, d, where, version=version), where)
     path = given["path"]
     given["path"] = _path(base_dir, path) if isinstance(path, str) else [_path(base_dir, p) for p in path]
+    if given.get("chat_template") not in (None, *TEMPLATES):  # a template file, found like the data
+        given["chat_template"] = _path(base_dir, given["chat_template"])
     return DatasetSpec(**given)
 
 
@@ -512,6 +517,11 @@ def _rule_dataset_keys(d: Mapping[str, Any], gates: DatasetSpec, where: str) -> 
         )
     if gates.kind != "text" and "text_mode" in d:
         raise RecipeError(f'recipe: {where}.text_mode only applies to kind = "text"; remove it')
+    chat_keys = [k for k in CHAT_KEYS if k in d]
+    if gates.kind != CHAT_KIND and chat_keys:
+        raise RecipeError(
+            f'recipe: {where}.{chat_keys[0]} only applies to kind = "chat"; set kind = "chat" or remove it'
+        )
 
 
 def _rule_dataset(given: dict[str, Any], where: str) -> dict[str, Any]:
@@ -528,6 +538,9 @@ def _rule_dataset(given: dict[str, Any], where: str) -> dict[str, Any]:
     if d.kind == "text":
         _str(f"{where}.", "format", d.format, ("auto", *FORMATS))
         return given
+    if d.kind == CHAT_KIND:  # conversations: a field's value read as JSON from JSONL, Parquet or Arrow
+        _str(f"{where}.", "format", d.format, ("auto", "jsonl", "parquet", "arrow"))
+        return {"text_field": "conversations" if d.chat_format == "sharegpt" else "messages"} | given
     _str(f"{where}.", "format", d.format, ("auto", *MM_FORMATS))
     images = d.kind == "interleaved"
     return {"text_field": "texts" if images else "caption", "image_field": "images" if images else "image"} | given

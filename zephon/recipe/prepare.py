@@ -38,8 +38,16 @@ from zephon.data import (
 from zephon.engine import StateError
 from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WorkPlan
 
-from .estimate import BadSamplesWarning, TokenEstimate, all_bad_error, bad_samples_message, estimate_tokens
-from .spec import DatasetSpec, RecipeError, RecipeSpec
+from .chat import chat_fetch, chat_renderers, estimate_chat, templates_digest
+from .estimate import (
+    BadSamplesWarning,
+    TokenEstimate,
+    all_bad_error,
+    bad_samples_message,
+    estimate_tokens,
+    estimation_sample,
+)
+from .spec import CHAT_KIND, DatasetSpec, RecipeError, RecipeSpec
 
 __all__ = [
     "Prepared",
@@ -112,7 +120,7 @@ def record_weights(spec: RecipeSpec, ds: DatasetSpec, index: ShardIndex, est: To
             policy=ds.policy,
             epochs=ds.epochs,
         )
-    if ds.kind != "text":
+    if ds.kind not in ("text", CHAT_KIND):
         if not isinstance(index, ImageTextShardIndex):
             raise RecipeError(f"recipe: dataset {ds.name!r} is {ds.kind!r} but its index has no image sizes")
         weights = _PerShard(partial(_image_text_tokens, index, est, spec.vision.config))
@@ -127,7 +135,7 @@ def record_weights(spec: RecipeSpec, ds: DatasetSpec, index: ShardIndex, est: To
         _PerShard(partial(_capped_bytes, index, limit)) if big else index.record_bytes,
         tokens_per_byte=est.tokens_per_byte,
         tokens_per_record=est.tokens_per_record,
-        split_tokens=spec.mixing.split_tokens or None,
+        split_tokens=(spec.mixing.split_tokens or None) if ds.kind == "text" else None,  # a conversation: whole
         policy=ds.policy,
         epochs=ds.epochs,
     )
@@ -272,7 +280,9 @@ def index_kwargs(ds: DatasetSpec) -> dict[str, Any]:
     kw: dict[str, Any] = {"format": ds.format, "text_field": ds.text_field, "max_record_bytes": ds.max_record_bytes}
     if ds.same_file != "each":
         kw["same_file"] = ds.same_file
-    if ds.kind == "text":
+    if ds.kind == CHAT_KIND:
+        kw["text_mode"] = "json"  # the conversation: the field's value as JSON text
+    elif ds.kind == "text":
         kw["text_mode"] = ds.text_mode
         if ds.empty != "bad":
             kw["empty"] = ds.empty
@@ -282,7 +292,7 @@ def index_kwargs(ds: DatasetSpec) -> dict[str, Any]:
 
 
 def _index(spec: RecipeSpec, s: DatasetSpec, progress: bool | None) -> ShardIndex:
-    if s.kind == "text":
+    if s.kind in ("text", CHAT_KIND):
         return index_dataset(s.name, s.path, cache_dir=spec.cache_dir, progress=progress, **index_kwargs(s))
     # which tar members are images: the four classic extensions under data version 1 (a skip
     # recipe keeps skipping the samples it skipped), every one Pillow opens from version 2
@@ -307,8 +317,11 @@ def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
     pairs: Any = list(enumerate(zip(spec.datasets, indexes)))
     if progress:
         pairs = tqdm(pairs, desc="token estimation", unit="dataset")
+    chat = chat_renderers(spec)
     estimates = {
-        s.name: estimate_tokens(ix, tok, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=i)
+        s.name: TokenEstimate(*estimate_chat(spec, i, ix, chat[i], estimation_sample))
+        if i in chat
+        else estimate_tokens(ix, tok, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=i)
         for i, (s, ix) in pairs
     }
     for s in spec.datasets:
@@ -329,6 +342,8 @@ def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
         fetch = FetchTokenize(
             cast("Sequence[DatasetIndex]", indexes), tok, on_error, align=align, split=spec.mixing.split_mode
         )
+        if chat:
+            fetch = chat_fetch(spec, indexes, fetch)
     return Prepared(
         spec=spec,
         indexes=indexes,
@@ -349,4 +364,5 @@ def fingerprint_of(spec: RecipeSpec, indexes: Sequence[ShardIndex], tok: TextTok
     for ix in indexes:
         h.update(ix.fingerprint.encode())
     h.update(tok.fingerprint.encode())
+    h.update(templates_digest(spec).encode())  # chat templates ("" without chat datasets)
     return h.hexdigest()[:32]

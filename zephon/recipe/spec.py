@@ -36,15 +36,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zephon.data import DEFAULT_MAX_RECORD_BYTES, EMPTY, KINDS, SAME_FILE, TEXT_MODES
+from zephon.data import CHAT_FORMATS, DEFAULT_MAX_RECORD_BYTES, EMPTY, KINDS, LOSS_ON, SAME_FILE, TEXT_MODES
 from zephon.engine import WorkerConfig
 from zephon.engine.end import END_MODES
 from zephon.engine.workers import BACKENDS
-from zephon.nodes import ALGORITHMS, DECODE_RULES, LABELS, ON_ERROR, POLICIES, SPLIT_MODES, VisionConfig, WeightSchedule
+from zephon.nodes import (
+    ALGORITHMS,
+    DECODE_RULES,
+    LABELS,
+    LONG,
+    ON_ERROR,
+    POLICIES,
+    SPLIT_MODES,
+    VisionConfig,
+    WeightSchedule,
+)
 
 from .keys import as_list, field_default, key, keys, max_workers, off_default
 
 __all__ = [
+    "CHAT_KIND",
+    "COUNT",
     "DATASET_KEYS",
     "DATA_VERSION",
     "MIX_BY",
@@ -69,6 +81,10 @@ __all__ = [
 ]
 
 MIX_BY = ("tokens", "samples")
+#: a dataset of conversations (:mod:`zephon.recipe.chat`); the other kinds are zephon.data's KINDS
+CHAT_KIND = "chat"
+#: which tokens mixing by tokens counts: "all", or "loss" (the tokens trained on)
+COUNT = ("all", "loss")
 
 #: The newest data-definition version: a recipe's batches are those of its ``data_version``
 #: (default: this one). A zephon change that alters the batches of an existing recipe bumps it
@@ -137,7 +153,9 @@ class DatasetSpec:
     max_record_bytes: int = key(
         DEFAULT_MAX_RECORD_BYTES, lo=1, hi="max_record_bytes", new=True, doc="larger records are bad records"
     )
-    kind: str = key("text", choices=KINDS, doc='"text", "image_text" (one image + caption) or "interleaved"')
+    kind: str = key(
+        "text", choices=(*KINDS, CHAT_KIND), doc='"text", "image_text" (one image + caption), "interleaved" or "chat"'
+    )
     image_field: str | None = key(
         None, derived='"image" for kind = "image_text", "images" for "interleaved"', doc="image column"
     )
@@ -153,6 +171,11 @@ class DatasetSpec:
         new=True,
         doc='text datasets: an empty or whitespace-only text is a "document" (BOS/EOS; data version 2) or "bad" (1)',
     )
+    chat_template: str | None = key(None, new=True, doc='chat: a shipped template ("chatml"...) or a .jinja file')
+    chat_format: str = key("messages", choices=CHAT_FORMATS, new=True, doc='chat: "messages" or "sharegpt" records')
+    loss_on: str = key("all", choices=LOSS_ON, new=True, doc='chat: train on "all" assistant turns or the "last"')
+    long: str = key("drop", choices=LONG, new=True, doc="chat: a conversation longer than a row (drop/truncate/...)")
+    system_prompt: str | None = key(None, new=True, doc="chat: a system message put first when a record has none")
 
 
 @dataclass(frozen=True)
@@ -217,6 +240,7 @@ class MixingSpec:
     split_mode: str = key(
         "tokens", choices=SPLIT_MODES, new=True, doc='parts cut from the "text" (v2) or from its "tokens" (v1)'
     )
+    count: str = key("all", choices=COUNT, new=True, doc='chat datasets\' tokens: "all", or "loss" (trained on)')
 
 
 @dataclass(frozen=True)
@@ -422,7 +446,7 @@ class RecipeSpec:
     @property
     def multimodal(self) -> bool:
         """Whether any dataset has images (image-text lanes, :class:`zephon.nodes.MMPack`)."""
-        return any(s.kind != "text" for s in self.datasets)
+        return any(s.kind not in ("text", CHAT_KIND) for s in self.datasets)
 
     def data_definition(self) -> dict[str, Any]:
         """Everything that defines the data (not workers, not the cache folder, not paths: the

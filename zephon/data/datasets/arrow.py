@@ -8,6 +8,7 @@ end-of-stream marker, so a file cut at a message boundary is refused instead of 
 
 from __future__ import annotations
 
+import json
 import zlib
 from typing import Any
 
@@ -84,11 +85,12 @@ class ColumnReader(Reader):
     """A columnar format (Parquet, Arrow): records are the rows of the ``text_field`` column."""
 
     def _check_text_column(self, s: int, schema) -> None:
-        """Refuse a Parquet/Arrow shard whose text field is missing or not a string column."""
+        """Refuse a Parquet/Arrow shard whose text field is missing or not a string column (any
+        type with ``text_mode = "json"``: the values are read as their JSON text)."""
         if schema.get_field_index(self.ix.text_field) < 0:
             raise self._text_column_error(s, schema.names)
         typ = schema.field(self.ix.text_field).type
-        if not is_text_type(typ):
+        if not is_text_type(typ) and getattr(self.ix, "text_mode", "") != "json":
             raise self._text_column_error(s, schema.names, typ)
 
     def _text_column_error(self, s: int, names: list[str], typ: Any = None) -> DataError:
@@ -104,6 +106,16 @@ class ColumnReader(Reader):
             f"column '{self.ix.text_field}' has type {typ}, expected a string column",
             f"Set text_field to a string column for dataset '{self.ix.name}' in the recipe.",
         )
+
+    def as_values(self, col: Any) -> Any:
+        """The column as read: itself, or with ``text_mode = "json"`` each value's JSON text
+        (nulls stay null), so sizes, checksums and reads work on the same strings."""
+        if getattr(self.ix, "text_mode", "") != "json":
+            return col
+        import pyarrow as pa
+
+        vals = [None if v is None else json.dumps(v, ensure_ascii=False) for v in col.to_pylist()]
+        return pa.array(vals, pa.large_string())
 
     def _value(self, s: int, row: int, v: Any) -> str | BadRecord:
         if isinstance(v, str):
@@ -184,7 +196,7 @@ class ArrowReader(ColumnReader):
                 else (r.get_batch(i) for i in range(r.num_record_batches))
             )
             for b in batches:
-                col = b.column(self.ix.text_field)
+                col = self.as_values(b.column(self.ix.text_field))
                 lengths.append(pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))
                 digest.update(col)
         except pa.ArrowInvalid as e:
@@ -213,7 +225,7 @@ class ArrowReader(ColumnReader):
                     f"corrupt or truncated Arrow data: {e}",
                     "Re-save the dataset (datasets.save_to_disk) or re-copy the file.",
                 ) from None
-            col = t.column(self.ix.text_field)
+            col = self.as_values(t.column(self.ix.text_field))
             if column_crc(col) != int(self.ix._shard(s)["crcs"][0]):
                 raise self.ix._changed_error(
                     s, None, "the text column read is not the one indexed: the file changed since it was indexed"

@@ -24,7 +24,7 @@ from ._scan import LRU
 from .arrow import ArrowReader
 from .cache import fingerprint, write_npz
 from .errors import BadRecord, DataError
-from .jsonl import JsonlReader
+from .jsonl import JsonJsonlReader, JsonlReader
 from .parquet import ParquetReader
 from .resolve import (
     FORMATS,
@@ -59,6 +59,9 @@ EMPTY = ("bad", "document")
 #: (an error naming file and line, or a counted skip), read neither at indexing nor at run time
 DEFAULT_MAX_RECORD_BYTES = 32 << 20
 TEXT_MODES = ("line", "file")
+#: record modes beyond TEXT_MODES: "json" reads a JSONL/Parquet/Arrow field's value, whatever its
+#: type, as JSON text (chat datasets)
+_JSON_MODE = "json"
 #: 2: every read unit's CRC-32 (``crcs``), checked on every read
 CACHE_FORMAT_VERSION = 2
 _ARRAY_KEYS = ("offsets", "lengths", "gap_rec", "gap_cum", "groups", "crcs")
@@ -73,6 +76,9 @@ _READERS: dict[tuple[str, str], type[Reader]] = {
     ("parquet", "file"): ParquetReader,
     ("arrow", "line"): ArrowReader,
     ("arrow", "file"): ArrowReader,
+    ("jsonl", _JSON_MODE): JsonJsonlReader,
+    ("parquet", _JSON_MODE): ParquetReader,
+    ("arrow", _JSON_MODE): ArrowReader,
 }
 
 
@@ -316,7 +322,7 @@ def _check_settings(name: str, format: str, text_field: str, text_mode: str) -> 
             dataset=name,
             fix=f'{_FORMAT_FIX}, or "auto" to infer it from the file extensions.',
         )
-    if text_mode not in TEXT_MODES:
+    if text_mode not in (*TEXT_MODES, _JSON_MODE) or (text_mode == _JSON_MODE and format == "text"):
         raise DataError(
             f"unknown text_mode {text_mode!r}",
             dataset=name,
@@ -406,6 +412,10 @@ def index_dataset(
     _check_settings(name, format, text_field, text_mode)
     files = resolve_files(name, path, format)
     fmt, comps = pick_format(name, files, format)
+    if (fmt, text_mode) not in _READERS:
+        raise DataError(
+            f"format {fmt!r} has no records of {text_mode!r}", dataset=name, fix="Use JSONL, Parquet or Arrow files."
+        )
     specs = shard_specs(name, files, comps, same_file)
     cache_dir = open_cache_dir(cache_dir)
 

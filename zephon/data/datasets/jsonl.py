@@ -14,7 +14,7 @@ from functools import partial
 
 from .text import LineReader, check_text, utf8_reason
 
-__all__ = ["JsonlReader", "parse_jsonl"]
+__all__ = ["JsonJsonlReader", "JsonlReader", "parse_jsonl", "parse_jsonl_value"]
 
 
 def _json_type(v) -> str:
@@ -78,3 +78,33 @@ class JsonlReader(LineReader):
     def parser(self) -> Callable[[bytes], tuple[str | None, str | None]]:
         """:func:`parse_jsonl` for the dataset's ``text_field``."""
         return partial(parse_jsonl, field=self.ix.text_field, empty_ok=self.ix.empty_ok)
+
+
+def parse_jsonl_value(raw: bytes, field: str) -> tuple[str | None, str | None]:
+    """``(json_text, None)`` or ``(None, reason)``: the value under ``field``, whatever its type,
+    as JSON text (``text_mode = "json"``: chat conversations, structured records).
+
+    >>> parse_jsonl_value(b'{"messages": [{"role": "user"}]}', "messages")
+    ('[{"role": "user"}]', None)
+    """
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return None, utf8_reason(raw, e, "line")
+    except json.JSONDecodeError as e:
+        return None, f"invalid JSON: {e.msg} (column {e.colno})"
+    except RecursionError:
+        return None, "invalid JSON: nested too deeply"
+    if not isinstance(obj, dict):
+        return None, f"the line is valid JSON but {_json_type(obj)}, not an object"
+    if obj.get(field) is None:
+        return None, f"missing field '{field}'" if field not in obj else f"field '{field}' is null"
+    return json.dumps(obj[field], ensure_ascii=False), None
+
+
+class JsonJsonlReader(LineReader):
+    """JSON Lines read with ``text_mode = "json"``: each record is its field's value as JSON text."""
+
+    def parser(self) -> Callable[[bytes], tuple[str | None, str | None]]:
+        """:func:`parse_jsonl_value` for the dataset's ``text_field``."""
+        return partial(parse_jsonl_value, field=self.ix.text_field)

@@ -68,7 +68,7 @@ class ParquetReader(ColumnReader):
             crcs = []
             for rg in range(md.num_row_groups):
                 try:
-                    col = pf.read_row_group(rg, columns=[self.ix.text_field]).column(0)
+                    col = self.as_values(pf.read_row_group(rg, columns=[self.ix.text_field]).column(0))
                 except (pa.ArrowException, OSError) as e:
                     raise self.ix._err(
                         s,
@@ -130,4 +130,4 @@ class ParquetReader(ColumnReader):
                     f"cannot read row group {rg}: {e}",
                     "Re-download or rewrite the file, or remove it from the dataset's path list.",
                 ) from None
-        return col.combine_chunks()
+        return self.as_values(col.combine_chunks())

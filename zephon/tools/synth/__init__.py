@@ -23,10 +23,11 @@ Writers: :func:`write_jsonl` (plain, gzip or zstd), :func:`write_parquet`,
 :func:`make_demo_corpus` writes a three-dataset mixture and returns a glob per dataset.
 
 Modules: ``words`` (the random stream and the vocabulary), ``prose`` and ``pycode`` (the
-styles), ``text`` (:func:`generate_documents`), ``images``, ``writers``, ``corpora``.
+styles), ``text`` (:func:`generate_documents`), ``images``, ``chat`` (:func:`generate_conversations`), ``writers``, ``corpora``.
 The package imports nothing from the rest of zephon.
 """
 
+from .chat import generate_conversations
 from .corpora import make_demo_corpus, make_vision_corpus
 from .images import IMAGE_FORMATS, generate_image_text, generate_interleaved
 from .text import STYLES, generate_documents
@@ -43,6 +44,7 @@ from .writers import (
 __all__ = [
     "IMAGE_FORMATS",
     "STYLES",
+    "generate_conversations",
     "generate_documents",
     "generate_image_text",
     "generate_interleaved",

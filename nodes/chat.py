@@ -1,0 +1,247 @@
+"""Chat data: conversations rendered and masked (:class:`FetchChat`), packed whole (:class:`ChatPack`).
+
+:class:`FetchChat` is the mapper's batch function of a recipe with chat datasets: a chat item's
+record (its conversation as JSON text, read with ``text_mode = "json"``) is checked, rendered
+with the dataset's chat template and tokenized whole (:class:`zephon.data.chat.ChatRenderer`);
+its ``mask`` is True on the assistant tokens of the selected turns (``loss_on``). Items of plain
+text datasets go to the :class:`FetchTokenize` it wraps, so chat and text mix in one lane.
+
+A conversation longer than a row (``seq_len + 1`` tokens) follows its dataset's ``long`` policy
+(:data:`LONG`): ``"drop"`` it (a counted skip, reason "conversation too long"), ``"truncate"``
+(keep the first row of tokens), ``"truncate_turns"`` (keep the conversation up to the last
+assistant turn that ends within a row; none: dropped), or ``"split"`` (the packer may cut it
+across rows). Truncations are counted in :class:`ChatPack`'s metrics; drops by the
+:class:`SkipCounter` like any skip.
+
+:class:`ChatPack` is :class:`Pack` whose ``labels`` are also ``-100`` where the target token is
+not supervised (``mask`` False): with chat documents only assistant tokens are trained on.
+``first_fit`` / ``best_fit`` never split a conversation that fits a row; ``greedy`` would, so it
+is refused unless splitting is allowed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from zephon.data import (
+    BadRecord,
+    ChatRenderer,
+    ConversationError,
+    DataError,
+    ShardIndex,
+    parse_conversation,
+    select_mask,
+)
+from zephon.engine import ProcessLocal
+
+from .pack import Pack
+from .policy import ON_ERROR, skip_hint
+from .rows import IGNORE_INDEX
+from .tokenize import FetchTokenize
+from .worksource import WorkItem
+
+__all__ = ["LONG", "ChatDoc", "ChatOptions", "ChatPack", "FetchChat", "fit_conversation"]
+
+#: what happens to a conversation longer than a row (module doc)
+LONG = ("drop", "truncate", "truncate_turns", "split")
+
+
+class ChatDoc(NamedTuple):
+    """A rendered conversation: ``tokens`` and ``mask`` (True: an assistant token trained on), or a
+    skipped record (``tokens`` empty). ``truncated`` names the long policy that cut it."""
+
+    tokens: np.ndarray
+    dataset: int
+    item: WorkItem
+    skipped: str | None = None
+    mask: np.ndarray | None = None
+    truncated: str | None = None
+    offset: int = 0
+    text_part: bool = False
+
+    @property
+    def provenance(self) -> str:
+        """Where this record comes from, in words."""
+        return self.item.provenance
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """One chat dataset's settings: record form, turns trained on, long policy, system prompt."""
+
+    format: str = "messages"
+    loss_on: str = "all"
+    long: str = "drop"
+    system_prompt: str | None = None
+
+
+def fit_conversation(
+    ids: np.ndarray, turns: Sequence[tuple[int, int]], opts: ChatOptions, row: int
+) -> tuple[Any, str | None]:
+    """``(tokens, mask)`` within ``row`` tokens under ``opts.long``, and the policy applied (None:
+    it fit); ``(reason, None)`` when the conversation is dropped.
+
+    >>> ids = np.arange(10); t = [(2, 4), (6, 9)]
+    >>> fit_conversation(ids, t, ChatOptions(long="truncate_turns"), 8)[0][1].astype(int).tolist()
+    [0, 0, 1, 1]
+    >>> fit_conversation(ids, t, ChatOptions(long="drop"), 8)[0]
+    'conversation too long: 10 tokens, a row holds 8 (long = "drop")'
+    """
+    n = len(ids)
+    if n <= row or opts.long == "split":
+        return (ids, select_mask(n, turns, opts.loss_on)), None
+    if opts.long == "truncate":
+        kept = [(a, min(b, row)) for a, b in turns if a < row]
+        return (ids[:row], select_mask(row, kept, opts.loss_on)), "truncate"
+    if opts.long == "truncate_turns":
+        kept = [(a, b) for a, b in turns if b <= row]
+        if kept:
+            cut = kept[-1][1]
+            return (ids[:cut], select_mask(cut, kept, opts.loss_on)), "truncate_turns"
+    return f'conversation too long: {n} tokens, a row holds {row} (long = "{opts.long}")', None
+
+
+class FetchChat(ProcessLocal):
+    """``items -> [ChatDoc | TokDoc]``: chat datasets rendered and masked, the others tokenized by
+    ``text`` (their :class:`FetchTokenize`), in input order.
+
+    ``renderers`` / ``options``: per chat dataset index. ``on_error[d]``: a bad conversation (not
+    JSON, unknown role, turns not alternating, no assistant turn, the template failing, a message
+    spelling a special token) stops the run naming file and record ("raise") or is a counted
+    skip ("skip"). ``row_len``: the tokens a row holds (the long policy's limit).
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[ShardIndex],
+        renderers: Mapping[int, ChatRenderer],
+        options: Mapping[int, ChatOptions],
+        row_len: int,
+        text: FetchTokenize | None = None,
+        on_error: Sequence[str] | None = None,
+    ) -> None:
+        self.datasets = list(datasets)
+        self.renderers, self.options = dict(renderers), dict(options)
+        self.row_len, self.text = int(row_len), text
+        self.on_error = list(on_error or ["raise"] * len(self.datasets))
+        for p in self.on_error:
+            if p not in ON_ERROR:
+                raise ValueError(f"on_error must be one of {ON_ERROR}, got {p!r}")
+        ProcessLocal.__init__(self)
+
+    def __call__(self, items: list[WorkItem]) -> list[Any]:
+        out: list[Any] = [None] * len(items)
+        chat = [j for j, it in enumerate(items) if it.dataset in self.renderers]
+        other = [j for j, it in enumerate(items) if it.dataset not in self.renderers]
+        if other:
+            if self.text is None:
+                raise ValueError(
+                    f"FetchChat has no text tokenizer for datasets {sorted({items[j].dataset for j in other})}"
+                )
+            for j, doc in zip(other, self.text([items[j] for j in other])):
+                out[j] = doc
+        order = sorted(chat, key=lambda j: (items[j].dataset, items[j].shard))
+        for (d, s), group in itertools.groupby(order, key=lambda j: (items[j].dataset, items[j].shard)):
+            idx = list(group)
+            for j, rec in zip(idx, self.datasets[d].read(s, [items[j].record for j in idx])):
+                out[j] = self._one(items[j], rec)
+        return out
+
+    def _one(self, it: WorkItem, rec: Any) -> ChatDoc:
+        d = it.dataset
+        empty = np.zeros(0, dtype=np.int32)
+        if it.part > 0:  # a conversation is never planned as parts; a later part carries nothing
+            return ChatDoc(empty, d, it)
+        if not isinstance(rec, BadRecord):
+            opts = self.options[d]
+            try:
+                enc = self.renderers[d].encode(parse_conversation(rec, opts.format, opts.system_prompt))
+            except ConversationError as e:
+                ix = self.datasets[d]
+                rec = BadRecord(ix.name, ix.locate(it.shard, it.record)["file"], _locator(ix, it), str(e))
+            else:
+                got, how = fit_conversation(enc.ids, enc.turns, opts, self.row_len)
+                if isinstance(got, str):
+                    return ChatDoc(empty, d, it, got)
+                return ChatDoc(got[0], d, it, None, got[1], how)
+        if self.on_error[d] == "raise":
+            raise _error(rec, self.datasets[d].name)
+        return ChatDoc(empty, d, it, f"{rec.locator}: {rec.reason}")
+
+    def __repr__(self) -> str:
+        names = [self.datasets[d].name for d in sorted(self.renderers)]
+        return f"FetchChat(chat={names}, row_len={self.row_len}, text={self.text!r})"
+
+
+def _locator(ix: ShardIndex, it: WorkItem) -> str:
+    return str(ix.locate(it.shard, it.record)["locator"])
+
+
+def _error(rec: BadRecord, name: str) -> DataError:
+    return rec.to_error(skip_hint(name))
+
+
+class ChatPack(Pack):
+    """:class:`Pack` with supervised targets: a document's ``mask`` (None: every token) says which
+    tokens are trained on as targets; every other label is ``-100``. ``allow_split`` lets a
+    conversation be cut across rows (``long = "split"``, or the ``greedy`` algorithm).
+
+    >>> from zephon.engine.testing import ListSource
+    >>> doc = ChatDoc(np.array([5, 6, 7, 8]), 0, WorkItem(0, 0, 0, 0, 0), mask=np.array([0, 0, 1, 1], bool))
+    >>> next(ChatPack(ListSource([doc]), seq_len=5, algorithm="first_fit"))["labels"].tolist()
+    [-100, 7, 8, -100, -100]
+    """
+
+    node_type = "chat_pack"
+
+    def __init__(self, source: BaseNode, *, allow_split: bool = False, **kw: Any) -> None:
+        super().__init__(source, **kw)
+        if self.algorithm == "greedy" and not allow_split:
+            raise ValueError(
+                'pack.algorithm = "greedy" cuts conversations across rows; use "first_fit" or "best_fit" '
+                '(a conversation stays in one row), or allow splitting with long = "split"'
+            )
+        self.allow_split = allow_split
+        self._mask_row: np.ndarray | None = None
+        self.truncated: dict[str, int] = {}  # observability: conversations cut by a long policy
+
+    def accept(self, doc: Any) -> None:
+        n = len(doc.tokens)
+        mask = getattr(doc, "mask", None)
+        if mask is None:
+            mask = np.ones(n, dtype=bool)
+        elif n > self.row_len and not self.allow_split:
+            raise ValueError(f"{doc.provenance}: a conversation of {n} tokens does not fit a row of {self.row_len}")
+        how = getattr(doc, "truncated", None)
+        if how:
+            self.truncated[how] = self.truncated.get(how, 0) + 1
+        both = np.stack([np.asarray(doc.tokens, np.int64), mask.astype(np.int64)], axis=1)
+        super().accept(doc._replace(tokens=both))
+
+    def _emit_row(self, segments: list, used: int) -> None:
+        m = np.zeros(self.row_len, dtype=bool)
+        plain, pos = [], 0
+        for seg, ds, prov in segments:
+            m[pos : pos + len(seg)] = seg[:, 1] != 0
+            pos += len(seg)
+            plain.append((seg[:, 0], ds, prov))
+        self._mask_row = m
+        try:
+            super()._emit_row(plain, used)
+        finally:
+            self._mask_row = None
+
+    def emit(self, item: Any) -> None:
+        if self._mask_row is not None:
+            item["labels"][~self._mask_row[1:]] = IGNORE_INDEX
+        super().emit(item)
+
+    def extra_metrics(self) -> dict[str, Any]:
+        """The packer's metrics and the conversations each long policy cut."""
+        return {**super().extra_metrics(), "truncated": dict(self.truncated)}

@@ -1,0 +1,355 @@
+"""Chat conversations: read, checked, rendered with a chat template, and the assistant tokens found.
+
+A conversation is a list of messages in the form Hugging Face and OpenAI use (``{"role",
+"content"}``, assistant ``tool_calls``, ``tool`` results, an optional leading ``system``), or the
+ShareGPT form (``{"from", "value"}``, roles mapped by :data:`SHAREGPT_ROLES`). A record may also
+be an object ``{"messages": [...], "tools": [...]}`` (tool schemas the template shows).
+
+Rendering uses transformers' own Jinja renderer (what ``apply_chat_template`` runs) with the
+template from ``tokenizer_config.json`` or one named in the recipe (:data:`TEMPLATES`, or a
+``.jinja`` file). The rendered text is tokenized **once, whole** (special tokens the template
+writes are special tokens; a message that spells one is a bad record), so no BPE merge is ever
+split by the way the mask is found. Which characters are assistant text:
+
+* the template has ``{% generation %}`` markers: the characters inside them (transformers' rule);
+* it has none: for assistant message ``i``, the characters between the rendering of messages
+  ``[:i]`` with the generation prompt and the rendering of messages ``[:i + 1]``, less trailing
+  whitespace (the template must render each conversation as a prefix of the next, checked).
+
+A token is an assistant token when its characters overlap assistant text (transformers'
+``return_assistant_tokens_mask`` rule: a merge that straddles the boundary belongs to the
+assistant). End of turn: the template's own end-of-turn token (``<|im_end|>`` in ChatML) is
+inside the span and is trained on; nothing else is added (no BOS/EOS of ``[tokenizer]``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CHAT_FORMATS",
+    "CHAT_TOKENIZER",
+    "LOSS_ON",
+    "ROLES",
+    "SHAREGPT_ROLES",
+    "TEMPLATES",
+    "ChatEncoding",
+    "ChatRenderer",
+    "ConversationError",
+    "load_chat_template",
+    "parse_conversation",
+    "select_mask",
+]
+
+#: how a record holds its conversation: OpenAI / HF ``messages`` or ShareGPT ``conversations``
+CHAT_FORMATS = ("messages", "sharegpt")
+#: which assistant turns are trained on
+LOSS_ON = ("all", "last")
+ROLES = ("system", "user", "assistant", "tool")
+#: ShareGPT ``from`` values and the roles they become
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "tool": "tool",
+    "observation": "tool",
+}
+_ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "chat")
+#: a demo/test tokenizer: the bundled BPE plus ChatML's ``<|im_start|>`` / ``<|im_end|>`` special
+#: tokens, its ``tokenizer_config.json`` holding the ChatML template without generation markers
+#: (TorchTitan 0.3's tokenizer compiles that template with plain Jinja, which refuses the
+#: ``{% generation %}`` tag); the marked one is the shipped "chatml_generation"
+CHAT_TOKENIZER = _ASSETS
+#: chat templates shipped with zephon, by the name a recipe gives (``chat_template = "chatml"``)
+TEMPLATES = {
+    "chatml": os.path.join(_ASSETS, "chatml.jinja"),
+    "chatml_generation": os.path.join(_ASSETS, "chatml_generation.jinja"),
+    "plain": os.path.join(_ASSETS, "plain.jinja"),
+}
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+class ConversationError(ValueError):
+    """A conversation that cannot be trained on; the message says which message and why."""
+
+
+def _roles_of(raw: list[Any], fmt: str) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise ConversationError(f"message {i} is {type(m).__name__}, not an object")
+        if fmt == "sharegpt":
+            who = m.get("from")
+            if who not in SHAREGPT_ROLES:
+                raise ConversationError(
+                    f"message {i} has unknown 'from' {who!r} (known: {', '.join(sorted(SHAREGPT_ROLES))})"
+                )
+            out.append({"role": SHAREGPT_ROLES[who], "content": m.get("value")})
+            continue
+        role = m.get("role")
+        if role not in ROLES:
+            raise ConversationError(f"message {i} has unknown role {role!r} (known: {', '.join(ROLES)})")
+        out.append({k: v for k, v in m.items() if v is not None})
+    return out
+
+
+def _check_turns(msgs: list[dict[str, Any]]) -> None:
+    """System first only; then user, assistant (tool results after an assistant's tool calls)."""
+    prev = None
+    for i, m in enumerate(msgs):
+        role = m["role"]
+        content = m.get("content")
+        if isinstance(content, list):
+            raise ConversationError(
+                f"message {i} ({role}) has a list of content blocks; text chat needs a string "
+                "(vision-language chat is not supported yet)"
+            )
+        if content is not None and not isinstance(content, str):
+            raise ConversationError(f"message {i} ({role}) content is {type(content).__name__}, not a string")
+        if content is None and not (role == "assistant" and m.get("tool_calls")):
+            raise ConversationError(f"message {i} ({role}) has no content")
+        ok = {
+            "system": prev is None,
+            "user": prev in (None, "system", "assistant"),
+            "assistant": prev in ("user", "tool"),
+            "tool": prev == "tool" or (prev == "assistant" and bool(msgs[i - 1].get("tool_calls"))),
+        }[role]
+        if not ok:
+            after = f"after a {prev} message" if prev else "first"
+            raise ConversationError(f"message {i} ({role}) comes {after}: turns must alternate user, assistant")
+        prev = role
+    if not any(m["role"] == "assistant" for m in msgs):
+        raise ConversationError("the conversation has no assistant turn (nothing to train on)")
+
+
+def parse_conversation(value: Any, fmt: str = "messages", system_prompt: str | None = None) -> dict[str, Any]:
+    """``{"messages": [...], "tools": [...] | None}`` from a record's value (a list of messages,
+    a JSON text of one, or an object with ``messages`` / ``conversations`` and ``tools``),
+    checked: known roles, alternating turns, at least one assistant turn. ``system_prompt`` is
+    put first when the conversation has no system message.
+
+    >>> parse_conversation([{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}], "sharegpt")["messages"]
+    [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'yo'}]
+    >>> parse_conversation([{"role": "user", "content": "hi"}])
+    Traceback (most recent call last):
+    ...
+    zephon.data.chat.ConversationError: the conversation has no assistant turn (nothing to train on)
+    """
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ConversationError(f"invalid JSON: {e}") from None
+    tools = None
+    if isinstance(value, dict):
+        tools = value.get("tools")
+        value = value.get("messages", value.get("conversations"))
+    if not isinstance(value, list) or not value:
+        raise ConversationError("the conversation is not a non-empty list of messages")
+    msgs = _roles_of(value, fmt)
+    if system_prompt is not None and msgs[0]["role"] != "system":
+        msgs.insert(0, {"role": "system", "content": system_prompt})
+    _check_turns(msgs)
+    return {"messages": msgs, "tools": tools or None}
+
+
+def load_chat_template(name: str | None, tokenizer_path: str) -> str:
+    """The template text: ``name`` is a shipped template (:data:`TEMPLATES`) or a file path;
+    None takes ``chat_template`` from the tokenizer's ``tokenizer_config.json`` (its "default"
+    one when it holds several)."""
+    if name:
+        path = TEMPLATES.get(name, name)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"chat_template {name!r} is neither a shipped template ({', '.join(TEMPLATES)}) nor a file; "
+                "give a path to a .jinja file, or leave it out to use the tokenizer's own"
+            )
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    folder = tokenizer_path if os.path.isdir(tokenizer_path) else os.path.dirname(os.path.abspath(tokenizer_path))
+    cfg_path = os.path.join(folder, "tokenizer_config.json")
+    cfg: dict[str, Any] = {}
+    if os.path.isfile(cfg_path):
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    tpl = cfg.get("chat_template")
+    jinja = os.path.join(folder, "chat_template.jinja")
+    if tpl is None and os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            tpl = f.read()
+    if isinstance(tpl, list):
+        tpl = {t.get("name"): t.get("template") for t in tpl}.get("default")
+    if not isinstance(tpl, str) or not tpl:
+        raise FileNotFoundError(
+            f"the tokenizer at {tokenizer_path!r} has no chat_template (tokenizer_config.json or chat_template.jinja); "
+            f'name one in the dataset: chat_template = "chatml" (or {", ".join(TEMPLATES)}, or a .jinja file)'
+        )
+    return tpl
+
+
+@dataclass(frozen=True)
+class ChatEncoding:
+    """A rendered, tokenized conversation: ``ids`` (int32) and each assistant turn's token range
+    ``[start, stop)`` in order (:func:`select_mask` turns them into a mask)."""
+
+    ids: np.ndarray
+    turns: tuple[tuple[int, int], ...]
+    text: str
+
+
+def select_mask(n: int, turns: Sequence[tuple[int, int]], loss_on: str = "all") -> np.ndarray:
+    """A bool mask of ``n`` tokens, True on the selected assistant turns (all, or the last).
+
+    >>> select_mask(6, [(1, 2), (4, 6)], "last").astype(int).tolist()
+    [0, 0, 0, 0, 1, 1]
+    """
+    mask = np.zeros(n, dtype=bool)
+    chosen = list(turns) if loss_on == "all" else list(turns)[-1:]
+    for a, b in chosen:
+        mask[a:b] = True
+    return mask
+
+
+def _token_ranges(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Per character span, the range of tokens whose characters overlap it (non-empty spans)."""
+    out = []
+    starts = np.fromiter((o[0] for o in offsets), np.int64, len(offsets))
+    ends = np.fromiter((o[1] for o in offsets), np.int64, len(offsets))
+    for a, b in spans:
+        hit = np.flatnonzero((ends > a) & (starts < b))
+        out.append((int(hit[0]), int(hit[-1]) + 1) if hit.size else (0, 0))
+    return out
+
+
+class ChatRenderer:
+    """Renders conversations with one chat template and finds their assistant tokens.
+
+    A picklable handle (the tokenizer is reloaded lazily in each process). ``fingerprint`` names
+    the template, so a recipe's data changes when its template does.
+    """
+
+    def __init__(self, tokenizer_path: str, template: str) -> None:
+        self.tokenizer_path = os.fspath(tokenizer_path)
+        self.template = template
+        self.markers = bool(_GENERATION.search(template))
+        self.fingerprint = hashlib.sha256(template.encode("utf-8")).hexdigest()[:16]
+        self._lock = threading.Lock()
+        self._tok: Any = None
+        tok = self._tokenizer()
+        self.specials = sorted(
+            (t.content for t in tok.get_added_tokens_decoder().values() if t.special), key=len, reverse=True
+        )
+        self._kwargs = self._special_kwargs()
+
+    def _special_kwargs(self) -> dict[str, Any]:
+        folder = self.tokenizer_path
+        if not os.path.isdir(folder):
+            folder = os.path.dirname(os.path.abspath(folder))
+        cfg_path = os.path.join(folder, "tokenizer_config.json")
+        if not os.path.isfile(cfg_path):
+            return {}
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+        out: dict[str, Any] = {}
+        for k in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            v = cfg.get(k)
+            v = v.get("content") if isinstance(v, dict) else v
+            if isinstance(v, str):
+                out[k] = v
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_tok")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock, self._tok = threading.Lock(), None
+
+    def _tokenizer(self) -> Any:
+        if self._tok is None:
+            from tokenizers import Tokenizer
+
+            with self._lock:
+                if self._tok is None:
+                    p = self.tokenizer_path
+                    self._tok = Tokenizer.from_file(os.path.join(p, "tokenizer.json") if os.path.isdir(p) else p)
+        return self._tok
+
+    def _render(self, conv: dict[str, Any], upto: int | None = None, prompt: bool = False) -> tuple[str, list]:
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        msgs = conv["messages"] if upto is None else conv["messages"][:upto]
+        try:
+            out: Any = render_jinja_template(
+                [msgs],
+                tools=conv.get("tools"),
+                chat_template=self.template,
+                return_assistant_tokens_mask=self.markers,
+                add_generation_prompt=prompt,
+                **self._kwargs,
+            )
+            texts, spans = out
+        except Exception as e:  # jinja raises many kinds (TemplateError, TypeError, raise_exception)
+            raise ConversationError(f"the chat template failed to render it: {type(e).__name__}: {e}") from None
+        return texts[0], (spans[0] if spans else [])
+
+    def check_specials(self, conv: dict[str, Any]) -> None:
+        """Refuse a conversation whose text spells a special token (it would forge a turn)."""
+        for i, m in enumerate(conv["messages"]):
+            blob = json.dumps(m, ensure_ascii=False) if m.get("tool_calls") else (m.get("content") or "")
+            for sp in self.specials:
+                if sp in blob:
+                    raise ConversationError(
+                        f"message {i} ({m['role']}) spells the special token {sp!r}; remove it from the data "
+                        "(a message may not forge a turn boundary)"
+                    )
+        if conv.get("tools"):
+            blob = json.dumps(conv["tools"], ensure_ascii=False)
+            for sp in self.specials:
+                if sp in blob:
+                    raise ConversationError(f"the tools spell the special token {sp!r}; remove it from the data")
+
+    def assistant_spans(self, conv: dict[str, Any]) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered text and the character span of each assistant turn (module doc)."""
+        text, spans = self._render(conv)
+        if self.markers:
+            return text, [(int(a), int(b)) for a, b in spans]
+        out = []
+        for i, m in enumerate(conv["messages"]):
+            if m["role"] != "assistant":
+                continue
+            head, _ = self._render(conv, i, prompt=True)
+            upto, _ = self._render(conv, i + 1)
+            if not (text.startswith(head) and text.startswith(upto) and len(head) <= len(upto)):
+                raise ConversationError(
+                    f"the chat template does not render message {i}'s conversation as a prefix of the whole one, so "
+                    "its assistant text cannot be found without {% generation %} markers; add them to the template"
+                )
+            out.append((len(head), len(upto.rstrip())))
+        return text, out
+
+    def encode(self, conv: dict[str, Any]) -> ChatEncoding:
+        """Render ``conv`` (from :func:`parse_conversation`), tokenize it whole, find its turns."""
+        self.check_specials(conv)
+        text, spans = self.assistant_spans(conv)
+        enc = self._tokenizer().encode(text, add_special_tokens=False)
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        turns = tuple(r for r in _token_ranges(enc.offsets, spans) if r[1] > r[0])
+        if not turns:
+            raise ConversationError("the rendered conversation has no assistant tokens")
+        return ChatEncoding(ids, turns, text)
+
+    def __repr__(self) -> str:
+        how = "generation markers" if self.markers else "prefix renderings"
+        return f"ChatRenderer({self.tokenizer_path!r}, template={self.fingerprint}, spans from {how})"

@@ -1,0 +1,144 @@
+"""Chat datasets in a recipe (``kind = "chat"``): their index, templates, token estimates and
+the mapper's batch function, in one place so the rest of the assembly changes by a few lines.
+
+A chat dataset's record is a conversation, read as JSON text (``text_mode = "json"``), rendered
+with its ``chat_template`` (the tokenizer's own when not given) and masked (``loss_on``); see
+:mod:`zephon.data.chat` and :class:`zephon.nodes.FetchChat`. The templates' text enters the
+recipe fingerprint (:func:`templates_digest`). Mixing by tokens counts a chat dataset's tokens
+by ``[mixing] count``: ``"all"`` rendered tokens, or ``"loss"`` (the assistant tokens trained
+on), both measured on the same seeded sample as text datasets' tokens per byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from zephon.data import ChatRenderer, ConversationError, ShardIndex, load_chat_template, parse_conversation
+from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, FetchTokenize, fit_conversation
+
+from .spec import CHAT_KIND, COUNT, RecipeError, RecipeSpec
+
+__all__ = [
+    "CHAT_KEYS",
+    "chat_fetch",
+    "chat_renderers",
+    "check_chat",
+    "estimate_chat",
+    "realized_shares",
+    "templates_digest",
+]
+
+#: the dataset keys of chat datasets only
+CHAT_KEYS = ("chat_template", "chat_format", "loss_on", "long", "system_prompt")
+
+
+def check_chat(spec: RecipeSpec) -> None:
+    """Chat datasets mix with text, not with images; the packer keeps a conversation in one row
+    (first_fit / best_fit) unless its dataset allows splitting (``long = "split"``)."""
+    chat = [s for s in spec.datasets if s.kind == CHAT_KIND]
+    if chat and spec.multimodal:
+        raise RecipeError(
+            f"recipe: chat dataset {chat[0].name!r} cannot be mixed with image datasets yet (vision-language chat "
+            "is not supported); mix chat with text datasets only"
+        )
+    whole = [s.name for s in chat if s.long != "split"]
+    if whole and spec.pack.algorithm == "greedy":
+        raise RecipeError(
+            f'recipe: [pack] algorithm = "greedy" cuts conversations across rows (chat dataset {whole[0]!r}); '
+            'set algorithm = "first_fit" or "best_fit" (a conversation stays in one row), or long = "split"'
+        )
+
+
+def _options(spec: RecipeSpec) -> dict[int, ChatOptions]:
+    return {
+        d: ChatOptions(s.chat_format, s.loss_on, s.long, s.system_prompt)
+        for d, s in enumerate(spec.datasets)
+        if s.kind == CHAT_KIND
+    }
+
+
+def chat_renderers(spec: RecipeSpec) -> dict[int, ChatRenderer]:
+    """A renderer per chat dataset (by dataset index), its template found as the recipe says."""
+    out = {}
+    for d, s in enumerate(spec.datasets):
+        if s.kind != CHAT_KIND:
+            continue
+        try:
+            out[d] = ChatRenderer(spec.tokenizer.path, load_chat_template(s.chat_template, spec.tokenizer.path))
+        except (OSError, ValueError) as e:
+            raise RecipeError(f"recipe: dataset {s.name!r}: {e}") from None
+    return out
+
+
+def templates_digest(spec: RecipeSpec) -> str:
+    """What the chat templates add to the recipe fingerprint ("" without chat datasets)."""
+    prints = [f"{d}:{r.fingerprint}" for d, r in sorted(chat_renderers(spec).items())]
+    return hashlib.sha256(";".join(prints).encode()).hexdigest()[:16] if prints else ""
+
+
+def estimate_chat(
+    spec: RecipeSpec, d: int, index: ShardIndex, renderer: ChatRenderer, sampler: Callable[..., Any]
+) -> tuple[float, float, int, dict[str, tuple[int, str]]]:
+    """A chat dataset's token estimate ``(tokens per record byte, 0 per record, conversations
+    measured, bad ones by reason)`` on the seeded sample ``sampler`` draws (the one text datasets
+    are measured on); tokens are all rendered ones or the "loss" ones (``[mixing] count``), as the
+    run delivers them under the dataset's ``long`` policy (a dropped conversation weighs its bytes
+    with no tokens, so the plan draws more conversations to make the dataset's share)."""
+    opts = _options(spec)[d]
+    sample = sampler(index, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=d)
+    tokens = nbytes = records = 0
+    bad: dict[str, tuple[int, str]] = {}
+    for s, local in sample:
+        sizes = index.record_bytes(s)
+        for r, rec in zip(local, index.read(s, local)):
+            try:
+                if not isinstance(rec, str):
+                    raise ConversationError(str(getattr(rec, "reason", rec)))
+                enc = renderer.encode(parse_conversation(rec, opts.format, opts.system_prompt))
+            except ConversationError as e:
+                key = str(e).split(":")[0][:60]
+                bad[key] = (bad.get(key, (0, ""))[0] + 1, str(e))
+                continue
+            got, _ = fit_conversation(enc.ids, enc.turns, opts, spec.seq_len + 1)  # what the run delivers
+            if not isinstance(got, str):  # a dropped one delivers nothing
+                tokens += len(got[0]) if spec.mixing.count == "all" else int(got[1].sum())
+            nbytes += int(sizes[r])
+            records += 1
+    return (max(tokens, 1) / nbytes if nbytes else 1.0), 0.0, records, bad
+
+
+def chat_fetch(spec: RecipeSpec, indexes: Sequence[ShardIndex], text: FetchTokenize | None) -> FetchChat:
+    """The mapper's batch function of a recipe with chat datasets (text datasets go to ``text``)."""
+    return FetchChat(
+        indexes,
+        chat_renderers(spec),
+        _options(spec),
+        row_len=spec.seq_len + 1,
+        text=text,
+        on_error=[s.on_error for s in spec.datasets],
+    )
+
+
+def realized_shares(batches: Iterable[Mapping[str, Any]], datasets: int, count: str = "all") -> np.ndarray:
+    """Each dataset's share of the tokens of ``batches``: all non-padding tokens (``count =
+    "all"``) or the tokens trained on (``"loss"``: a target that is not -100 counts for the
+    dataset of its input position).
+
+    >>> b = {"dataset": np.array([[0, 0, 1, -1]]), "labels": np.array([[-100, 5, 6, -100]])}
+    >>> realized_shares([b], 2).tolist(), realized_shares([b], 2, "loss").tolist()
+    ([0.6666666666666666, 0.3333333333333333], [0.5, 0.5])
+    """
+    if count not in COUNT:
+        raise ValueError(f"count must be one of {COUNT}, got {count!r}")
+    totals = np.zeros(datasets, np.float64)
+    for b in batches:
+        ds = np.asarray(b["dataset"]).reshape(-1)
+        if count == "loss":
+            ds = ds[np.asarray(b["labels"]).reshape(-1) != IGNORE_INDEX]
+        ds = ds[ds >= 0]
+        totals += np.bincount(ds, minlength=datasets)[:datasets]
+    return totals / totals.sum() if totals.sum() else totals
