@@ -21,7 +21,7 @@ from .policy import ON_ERROR, skip_hint
 from .rows import IGNORE_INDEX, LABELS, PartProvenance, Provenance, provenance_entry, row_spans
 from .shuffle import WindowShuffle
 from .skips import MAX_DETAIL_ROWS, SKIP_SHARE_WARNING, SkipCounter, SkipShareWarning, lane_share, reason_class
-from .tokenize import SPLIT_MODES, FetchTokenize, TokDoc, part_span
+from .tokenize import SPLIT_MODES, FetchTokenize, TokDoc, check_token_widths, part_span
 from .vision import DECODE_RULES, FetchVision, LayoutSpan, MMDoc, VisionConfig, sample_layout
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
 
@@ -54,6 +54,7 @@ __all__ = [
     "WindowShuffle",
     "WorkItem",
     "WorkPlan",
+    "check_token_widths",
     "lane_share",
     "mm_pad_batch",
     "pad_row",

@@ -70,7 +70,9 @@ def loader(recipe, W, rank, lbs, workers, state=None):
     if state is not None and "_snapshot" not in state and "_num_yielded" not in state:
         ds.load_state_dict(state)  # a merged zephon state: before the loader is built
         state = None
-    dl = StatefulDataLoader(ds, batch_size=lbs, num_workers=workers, multiprocessing_context="fork" if workers else None)
+    dl = StatefulDataLoader(
+        ds, batch_size=lbs, num_workers=workers, multiprocessing_context="fork" if workers else None
+    )
     if state is not None:
         dl.load_state_dict(state)
     return dl

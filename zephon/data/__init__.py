@@ -7,6 +7,7 @@ this layer answers "how many records, how big is each, give me records i, j, k o
 """
 
 from .datasets import (
+    BYTES_PER_TOKEN,
     DEFAULT_MAX_RECORD_BYTES,
     EMPTY,
     FORMATS,
@@ -14,6 +15,7 @@ from .datasets import (
     MM_FORMATS,
     SAME_FILE,
     TEXT_MODES,
+    TOKEN_FORMATS,
     BadRecord,
     DataError,
     DatasetIndex,
@@ -22,15 +24,21 @@ from .datasets import (
     MultimodalIndex,
     ShardIndex,
     ShardMeta,
+    TokenIndex,
     default_cache_dir,
     image_header_size,
     index_dataset,
     index_multimodal,
+    index_tokens,
+    out_of_vocab,
+    write_megatron,
+    write_tokens,
 )
 from .tokenizer import BUNDLED_TOKENIZER, TextTokenizer, set_tokenizers_parallelism
 
 __all__ = [
     "BUNDLED_TOKENIZER",
+    "BYTES_PER_TOKEN",
     "DEFAULT_MAX_RECORD_BYTES",
     "EMPTY",
     "FORMATS",
@@ -38,6 +46,7 @@ __all__ = [
     "MM_FORMATS",
     "SAME_FILE",
     "TEXT_MODES",
+    "TOKEN_FORMATS",
     "BadRecord",
     "DataError",
     "DatasetIndex",
@@ -47,9 +56,14 @@ __all__ = [
     "ShardIndex",
     "ShardMeta",
     "TextTokenizer",
+    "TokenIndex",
     "default_cache_dir",
     "image_header_size",
     "index_dataset",
     "index_multimodal",
+    "index_tokens",
+    "out_of_vocab",
     "set_tokenizers_parallelism",
+    "write_megatron",
+    "write_tokens",
 ]

@@ -169,9 +169,7 @@ class ZephonIterableDataset(IterableDataset):
         lay = self.layout()
         slices = self._slices(lay)
         self._pools = PoolSet()
-        self._routers = [
-            self.recipe.router(ws, r, workers=self.workers, pools=self._pools) for ws, r in slices
-        ]
+        self._routers = [self.recipe.router(ws, r, workers=self.workers, pools=self._pools) for ws, r in slices]
         self._layout = lay
         self._step, self._row = None, 0
         pending, self._pending = self._pending, None

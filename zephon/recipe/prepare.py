@@ -35,6 +35,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from zephon.data import (
+    BYTES_PER_TOKEN,
+    BadRecord,
     DatasetIndex,
     ImageTextShardIndex,
     ShardIndex,
@@ -42,9 +44,17 @@ from zephon.data import (
     default_cache_dir,
     index_dataset,
     index_multimodal,
+    out_of_vocab,
 )
 from zephon.engine import IndexPermutation, StateError, stable_u64
-from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WorkPlan, reason_class
+from zephon.nodes import (
+    DatasetPlan,
+    FetchTokenize,
+    FetchVision,
+    VisionConfig,
+    WorkPlan,
+    reason_class,
+)
 
 from .spec import DatasetSpec, RecipeError, RecipeSpec
 
@@ -128,6 +138,12 @@ def estimate_tokens(
     for s, local in _estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
         sizes = index.record_bytes(s)
         for r, rec in zip(local, index.read(s, local)):
+            if isinstance(rec, np.ndarray):  # pretokenized: its ids are checked, its size is exact
+                why = out_of_vocab(rec, tokenizer.vocab_size)
+                if why is None:
+                    records += 1
+                    continue
+                rec = BadRecord(index.name, "", "", why)
             if isinstance(rec, str):
                 segs = [rec]
                 nbytes += int(sizes[r])
@@ -146,6 +162,8 @@ def estimate_tokens(
             records += 1
     per_record = (1 if tokenizer.add_bos else 0) + (1 if tokenizer.add_eos else 0)
     bad_counts = {k: (int(v[0]), str(v[1])) for k, v in bad.items()}
+    if getattr(index, "pretokenized", False):  # ids as stored, 4 "bytes" a token: exact, nothing added
+        return TokenEstimate(1 / BYTES_PER_TOKEN, 0.0, records, bad_counts)
     if not texts or nbytes == 0:
         return TokenEstimate(1.0, float(per_record), records, bad_counts)
     lengths = [len(ids) for ids in tokenizer.encode_content(texts)]
