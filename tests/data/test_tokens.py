@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from zephon.data import DataError, TokenIndex, index_dataset, index_tokens, write_megatron, write_tokens
+from zephon.data import DataError, TokenIndex, index_dataset, index_tokens, write_mds, write_megatron, write_tokens
 
 DOCS = [np.array([5, 6, 7]), np.array([], dtype=np.int64), np.array([9] * 10), np.array([1])]
 
@@ -23,14 +23,11 @@ def test_numpy_token_files_read_back_their_documents(tmp_path, name, dtype):
     got = ix.read(0, [3, 0, 2, 1])
     assert [g.tolist() for g in got] == [DOCS[i].tolist() for i in (3, 0, 2, 1)]
     assert all(g.dtype == np.dtype(dtype) for g in got)
-    assert isinstance(ix._shards[0].ids(), np.memmap), "reads are memory-mapped"
+    assert isinstance(got[0].base, np.memmap), "reads are views of the memory-mapped file"
     assert ix.record_bytes(0).tolist() == [12, 0, 40, 4]
-    assert ix.locate(0, 2) == {
-        "file": str(tmp_path / name),
-        "locator": "document 2 (tokens 3..13)",
-        "token_offset": 3,
-        "tokens": 10,
-    }
+    base = 128 if name.endswith(".npy") else 0  # the .npy header
+    at = base + 3 * np.dtype(dtype).itemsize
+    assert ix.locate(0, 2) == {"file": str(tmp_path / name), "locator": "document 2", "byte_offset": at, "tokens": 10}
     again = pickle.loads(pickle.dumps(ix))  # process workers get a handle; maps reopen lazily
     assert again.read(0, [2])[0].tolist() == DOCS[2].tolist()
 
@@ -83,3 +80,34 @@ def test_record_size_limit_is_a_bad_record(tmp_path):
     ix = index_tokens("t", str(tmp_path / "a.npy"), "tokens", max_record_bytes=16)
     got = ix.read(0, [0, 2])
     assert got[0].tolist() == [5, 6, 7] and "exceed max_record_bytes" in got[1].reason
+
+
+@pytest.mark.parametrize("encoding", ["ndarray:uint32", "ndarray", "ndarray:int64"])
+def test_mds_token_column(tmp_path, encoding):
+    """MDS shards as Streaming's MDSWriter lays them out (uint32 count, uint32 offsets, config
+    JSON, samples of [variable-column sizes][columns sorted by name]); the ids are read from the
+    memory-mapped shard, whatever the column's NDArray encoding."""
+    docs = [np.arange(1, 300), np.array([7]), np.array([3, 4])]
+    dtype = "int64" if encoding.endswith("int64") else "uint32"
+    write_mds(str(tmp_path / "m"), docs, dtype=dtype, encoding=encoding)
+    shard = (tmp_path / "m" / "shard.00000.mds").read_bytes()
+    n = struct.unpack("<I", shard[:4])[0]
+    offsets = np.frombuffer(shard, "<u4", n + 1, 4)
+    assert n == 3 and offsets[-1] == len(shard)
+    ix = index_dataset("m", str(tmp_path / "m"), format="mds")
+    assert [d.tolist() for d in ix.read(0, [0, 1, 2])] == [d.tolist() for d in docs]
+    assert ix.dtypes == [np.dtype(dtype)]
+    ix = index_tokens("m", str(tmp_path / "*"), "mds", column="tokens")
+    assert ix.num_records == 3
+
+
+def test_mds_refusals(tmp_path):
+    write_mds(str(tmp_path / "m"), [np.array([1, 2])], encoding="ndarray:uint16", dtype="uint16")
+    with pytest.raises(DataError, match=r"no token column 'ids'; the columns are \['id', 'tokens'\]"):
+        index_tokens("m", str(tmp_path / "m"), "mds", column="ids")
+    idx = tmp_path / "m" / "index.json"
+    idx.write_text(idx.read_text().replace('"compression": null', '"compression": "zstd"'))
+    with pytest.raises(DataError, match="compressed"):
+        index_tokens("m", str(tmp_path / "m"), "mds")
+    with pytest.raises(DataError, match="no index.json"):
+        index_tokens("m", str(tmp_path), "mds")

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from zephon import Recipe, WorkerConfig, batch_sha256, decode_state, encode_state
-from zephon.data import BUNDLED_TOKENIZER, DataError, TextTokenizer, write_megatron, write_tokens
+from zephon.data import BUNDLED_TOKENIZER, DataError, TextTokenizer, write_mds, write_megatron, write_tokens
 from zephon.nodes import provenance_entry
 from zephon.recipe import BadSamplesWarning
 
 STEPS = 12
-WEIGHTS = {"code_npy": 0.3, "code_mega": 0.3, "web": 0.4}
+WEIGHTS = {"code_npy": 0.2, "code_mega": 0.2, "code_mds": 0.2, "web": 0.4}
 
 
 def stdlib_texts(n: int) -> list[str]:
@@ -29,19 +29,20 @@ def stdlib_texts(n: int) -> list[str]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("pretok")
-    texts = stdlib_texts(90)
+    texts = stdlib_texts(100)
     tok = TextTokenizer(BUNDLED_TOKENIZER, True, True)
-    ids = [np.asarray(a) for a in tok.encode_batch(texts[:60])]
+    ids = [np.asarray(a) for a in tok.encode_batch(texts[:70])]
     os.makedirs(root / "npy")
     write_tokens(str(root / "npy" / "a.npy"), ids[:20], dtype="uint16")
     write_tokens(str(root / "npy" / "b.bin"), ids[20:30], dtype="int32")
     # Megatron: some documents as several sequences (--split-sentences)
     write_megatron(
-        str(root / "c"), [[d[: len(d) // 2], d[len(d) // 2 :]] if i % 2 else d for i, d in enumerate(ids[30:60])]
+        str(root / "c"), [[d[: len(d) // 2], d[len(d) // 2 :]] if i % 2 else d for i, d in enumerate(ids[30:50])]
     )
     with open(root / "web.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"text": t}) + "\n" for t in texts[60:])
-    stored = {"code_npy": ids[:30], "code_mega": ids[30:60]}
+        f.writelines(json.dumps({"text": t}) + "\n" for t in texts[70:])
+    write_mds(str(root / "mds"), ids[50:70], dtype="uint32")
+    stored = {"code_npy": ids[:30], "code_mega": ids[30:50], "code_mds": ids[50:70]}
     return root, stored
 
 
@@ -58,6 +59,7 @@ def make(root, **changes):
         "datasets": [
             {"name": "code_npy", "path": ["npy/*.npy", "npy/*.bin"], "format": "tokens", "weight": WEIGHTS["code_npy"]},
             {"name": "code_mega", "path": "c.bin", "format": "megatron", "weight": WEIGHTS["code_mega"]},
+            {"name": "code_mds", "path": "mds", "format": "mds", "weight": WEIGHTS["code_mds"]},
             {"name": "web", "path": "web.jsonl", "weight": WEIGHTS["web"]},
         ],
     }

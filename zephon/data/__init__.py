@@ -31,6 +31,7 @@ from .datasets import (
     index_multimodal,
     index_tokens,
     out_of_vocab,
+    write_mds,
     write_megatron,
     write_tokens,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "index_tokens",
     "out_of_vocab",
     "set_tokenizers_parallelism",
+    "write_mds",
     "write_megatron",
     "write_tokens",
 ]

@@ -20,7 +20,16 @@ from .multimodal import KINDS, MultimodalIndex, index_multimodal
 from .protocol import ImageTextShardIndex, ShardIndex
 from .resolve import FORMATS, MM_FORMATS, SAME_FILE, ShardMeta, default_cache_dir
 from .samples import MMRecord, image_header_size
-from .tokens import BYTES_PER_TOKEN, TOKEN_FORMATS, TokenIndex, index_tokens, out_of_vocab, write_megatron, write_tokens
+from .tokens import (
+    BYTES_PER_TOKEN,
+    TOKEN_FORMATS,
+    TokenIndex,
+    index_tokens,
+    out_of_vocab,
+    write_mds,
+    write_megatron,
+    write_tokens,
+)
 
 __all__ = [
     "BYTES_PER_TOKEN",
@@ -47,6 +56,7 @@ __all__ = [
     "index_multimodal",
     "index_tokens",
     "out_of_vocab",
+    "write_mds",
     "write_megatron",
     "write_tokens",
 ]

@@ -383,8 +383,9 @@ def index_dataset(
     ``path``: a path, glob, folder, fsspec URL (``memory://``, ``s3://``, ``gs://``, ``hf://``
     with the backend installed), or a list of those. A folder written by Hugging Face
     ``save_to_disk`` (it has ``state.json``) is read as ``format="arrow"``.
-    ``format``: "auto" (from the extensions), "jsonl", "parquet", "text" or "arrow"; "tokens" or
-    "megatron" index pretokenized files instead (:func:`~zephon.data.datasets.tokens.index_tokens`).
+    ``format``: "auto" (from the extensions), "jsonl", "parquet", "text" or "arrow"; "tokens",
+    "megatron" or "mds" index pretokenized files instead (:func:`~zephon.data.datasets.tokens.index_tokens`;
+    ``text_field`` then names an MDS token column).
     Compression (.gz, .zst, .zstd) of jsonl/text files follows the extension.
     ``text_mode`` (format "text"): "line" = one document per non-blank line, "file" = one per file.
     ``cache_dir``: where per-shard metadata is cached (default ``$ZEPHON_CACHE_DIR`` or
@@ -397,7 +398,8 @@ def index_dataset(
     record (an empty file has no record either way).
     """
     if format in TOKEN_FORMATS:  # pretokenized: token files, memory-mapped (see .tokens)
-        return index_tokens(name, path, format, max_record_bytes=max_record_bytes, same_file=same_file)  # type: ignore[return-value]
+        column = None if text_field == "text" else text_field  # MDS: the token column
+        return index_tokens(name, path, format, max_record_bytes=max_record_bytes, same_file=same_file, column=column)  # type: ignore[return-value]
     if empty not in EMPTY:
         raise DataError(f"unknown empty = {empty!r}", dataset=name, fix=f"Use one of {EMPTY}.")
     _check_settings(name, format, text_field, text_mode)

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BadRecord, DataError
+from .mds import mds_shards, write_mds
 from .resolve import ShardMeta, resolve_files
 
 __all__ = [
@@ -51,12 +52,13 @@ __all__ = [
     "TokenIndex",
     "index_tokens",
     "out_of_vocab",
+    "write_mds",
     "write_megatron",
     "write_tokens",
 ]
 
 #: the pretokenized formats (their records are token-id arrays)
-TOKEN_FORMATS = ("tokens", "megatron")
+TOKEN_FORMATS = ("tokens", "megatron", "mds")
 #: the first bytes of a Megatron ``.idx`` file
 MEGATRON_HEADER = b"MMIDIDX\x00\x00"
 #: Megatron's dtype codes (``indexed_dataset.DType``)
@@ -113,8 +115,12 @@ def out_of_vocab(ids: np.ndarray, vocab_size: int) -> str | None:
 class _Shard:
     """One token file: its ids (memory-mapped, opened lazily per process) and document starts."""
 
-    def __init__(self, name: str, fmt: str, path: str) -> None:
+    def __init__(self, name: str, fmt: str, path: str, layout: tuple | None = None) -> None:
         self.name, self.fmt, self.path = name, fmt, path
+        self._raw: np.ndarray | None = None
+        if layout is not None:  # MDS: laid out by .mds.mds_shards
+            self.side, self.lo, self.n, self.dtype = layout
+            return
         self.side = _stem(path) + (".offsets.npy" if fmt == "tokens" else ".idx")
         for p in (path, self.side):
             if not os.path.isfile(p):
@@ -127,12 +133,16 @@ class _Shard:
                     "Every NAME.npy / NAME.bin needs NAME.offsets.npy beside it (format tokens), "
                     "every Megatron NAME.bin its NAME.idx (format megatron).",
                 )
-        self.starts, self.dtype = self._megatron() if fmt == "megatron" else self._tokens()
-        self._ids: np.ndarray | None = None
+        self.base = 0  # the byte offset of the first id in the file (a .npy file's header)
+        starts, self.dtype = self._megatron() if fmt == "megatron" else self._tokens()
+        #: each document's first id (byte offset in the file) and id count
+        self.lo = self.base + starts[:-1] * self.dtype.itemsize
+        self.n = np.diff(starts)
 
     def _tokens(self) -> tuple[np.ndarray, np.dtype]:
         if self.path.endswith(".npy"):
             ids = self._open_npy()
+            self.base = int(getattr(ids, "offset", 0))
             return _offsets(self.name, self.side, len(ids)), ids.dtype
         off = _offsets(self.name, self.side, -1)
         size, n = os.path.getsize(self.path), int(off[-1])
@@ -191,16 +201,14 @@ class _Shard:
             )
         return ids
 
-    def ids(self) -> np.ndarray:
-        if self._ids is None:
-            if self.path.endswith(".npy") and self.fmt == "tokens":
-                self._ids = self._open_npy()
-            else:
-                self._ids = np.memmap(self.path, dtype=self.dtype, mode="r", shape=(int(self.starts[-1]),))
-        return self._ids
+    def doc(self, i: int) -> np.ndarray:
+        """Document ``i``'s ids: a view of the memory-mapped file (nothing is read until used)."""
+        if self._raw is None:
+            self._raw = np.memmap(self.path, dtype=np.uint8, mode="r")
+        return np.frombuffer(self._raw, self.dtype, int(self.n[i]), int(self.lo[i]))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_ids": None}
+        return {**self.__dict__, "_raw": None}
 
 
 class TokenIndex:
@@ -213,7 +221,7 @@ class TokenIndex:
     def __init__(self, name: str, fmt: str, shards: list[_Shard], max_record_bytes: int) -> None:
         self.name, self.format, self.max_record_bytes = name, fmt, int(max_record_bytes)
         self._shards = shards
-        self.shards = [ShardMeta(s.path, len(s.starts) - 1, os.path.getsize(s.path), _version(s)) for s in shards]
+        self.shards = [ShardMeta(s.path, len(s.n), os.path.getsize(s.path), _version(s)) for s in shards]
         self.num_records = sum(m.num_records for m in self.shards)
         h = hashlib.sha256(f"{fmt}\0".encode())
         for m in self.shards:
@@ -230,33 +238,33 @@ class TokenIndex:
         return np.concatenate([[0], np.cumsum([m.num_records for m in self.shards])]).astype(np.int64)
 
     def record_bytes(self, shard: int) -> np.ndarray:
-        return np.diff(self._shards[shard].starts) * BYTES_PER_TOKEN
+        return self._shards[shard].n * BYTES_PER_TOKEN
 
     def read(self, shard: int, indices: Sequence[int]) -> list[Any]:
         sh = self._shards[shard]
-        with self._lock:
-            ids = sh.ids()
         out: list[Any] = []
-        for i in indices:
-            a, b = int(sh.starts[i]), int(sh.starts[i + 1])
-            if (b - a) * BYTES_PER_TOKEN > self.max_record_bytes:
-                out.append(
-                    BadRecord(
-                        self.name, sh.path, f"document {i}", f"{b - a} tokens exceed max_record_bytes (4 a token)"
-                    )
-                )
-            else:
-                out.append(ids[a:b])
+        with self._lock:  # the map is opened once per process
+            for i in indices:
+                n = int(sh.n[i])
+                if n * BYTES_PER_TOKEN > self.max_record_bytes:
+                    why = f"{n} tokens exceed max_record_bytes (4 a token)"
+                    out.append(BadRecord(self.name, sh.path, f"document {i}", why))
+                else:
+                    out.append(sh.doc(i))
         return out
 
     def locate(self, shard: int, record: int) -> dict[str, Any]:
         sh = self._shards[shard]
-        a, b = int(sh.starts[record]), int(sh.starts[record + 1])
-        return {"file": sh.path, "locator": f"document {record} (tokens {a}..{b})", "token_offset": a, "tokens": b - a}
+        return {
+            "file": sh.path,
+            "locator": f"document {record}",
+            "byte_offset": int(sh.lo[record]),
+            "tokens": int(sh.n[record]),
+        }
 
     def close(self) -> None:
         for s in self._shards:
-            s._ids = None
+            s._raw = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_lock"}
@@ -274,12 +282,22 @@ def _version(s: _Shard) -> str:
 
 
 def index_tokens(
-    name: str, path: str | list[str], format: str, *, max_record_bytes: int = 32 << 20, same_file: str = "each"
+    name: str,
+    path: str | list[str],
+    format: str,
+    *,
+    max_record_bytes: int = 32 << 20,
+    same_file: str = "each",
+    column: str | None = None,
 ) -> TokenIndex:
-    """Index a pretokenized dataset (``format`` "tokens" or "megatron"): its token files, each
-    with its offsets / index file. Local files only (they are memory-mapped)."""
+    """Index a pretokenized dataset (``format`` "tokens", "megatron" or "mds"): its token files,
+    each with its offsets / index file (MDS: folders with ``index.json``; ``column`` names the
+    token column). Local files only (they are memory-mapped)."""
     if format not in TOKEN_FORMATS:
         raise DataError(f"format {format!r} is not pretokenized", dataset=name, fix=f"Use one of {TOKEN_FORMATS}.")
+    if format == "mds":
+        shards = [_Shard(name, format, p, (ix, lo, n, dt)) for p, ix, lo, n, dt in mds_shards(name, path, column)]
+        return TokenIndex(name, format, shards, max_record_bytes)
     exts = (".npy", ".bin") if format == "tokens" else (".bin",)
     paths: list[str] = []
     for fs, fp, _info, _forced in resolve_files(name, path, format):
