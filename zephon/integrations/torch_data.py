@@ -128,6 +128,7 @@ class ZephonIterableDataset(IterableDataset):
         self._pending: dict[str, Any] | None = None  # a loaded state, applied on the next row
         self._layout: dict[str, int] | None = None
         self._anchor: dict[str, Any] | None = None  # the zephon state before the current step
+        self._prev_anchor: dict[str, Any] | None = None  # ... and before the step before it
         self._step: dict[str, np.ndarray] | None = None
         self._row = 0  # rows of the current step handed out
 
@@ -217,7 +218,8 @@ class ZephonIterableDataset(IterableDataset):
         if self._routers is None:
             self._open()
         if self._step is None or self._row >= len(self._step[self.fields[0]]):
-            self._anchor = self._merged() if self._step is not None else self._anchor
+            if self._step is not None:
+                self._prev_anchor, self._anchor = self._anchor, self._merged()
             self._fetch()
         assert self._step is not None
         i = self._row
@@ -246,6 +248,21 @@ class ZephonIterableDataset(IterableDataset):
             return {"zephon": self._merged(), "rows": 0, "layout": dict(self._layout)}
         rows = self._row if self._step is not None else 0
         return {"zephon": self._anchor, "rows": rows, "layout": dict(self._layout)}
+
+    def state_dict_at(self, rows: int) -> dict[str, Any]:
+        """The state after ``rows`` rows of the run (counted from its start, resumes included) were
+        consumed, for a consumer that fetches ahead of what it consumed (accelerate's loader
+        holds one batch): at most the current and the previous recipe step back."""
+        st = self.state_dict()
+        if st["zephon"] is None:
+            return st
+        for anchor in (self._anchor if st["rows"] else st["zephon"], self._anchor, self._prev_anchor):
+            if anchor is not None and 0 <= rows - anchor["step"] * self.rows_per_step < self.rows_per_step:
+                return {"zephon": anchor, "rows": rows - anchor["step"] * self.rows_per_step, "layout": st["layout"]}
+        raise StateError(
+            f"no state for {rows} rows consumed: the dataset has handed out rows up to step "
+            f"{st['zephon']['step']} (+{st['rows']} rows) and keeps the states of its last two recipe steps"
+        )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict` (same layout), or from :func:`zephon_state`'s merged
