@@ -7,7 +7,11 @@ import importlib
 import pytest
 from package_tree import modules
 
-OPTIONAL = {"zephon.integrations.torchtitan": "torchtitan"}  # module -> what it needs
+OPTIONAL = {  # module -> what it needs
+    "zephon.integrations.torchtitan": "torchtitan",
+    "zephon.integrations.hf": "accelerate",
+    "zephon.integrations.lightning": "pytorch_lightning",
+}
 MODULES = [m for m in modules() if m not in OPTIONAL]
 
 
