@@ -27,7 +27,7 @@ compute one lane, or change which rows form a batch).
 
     >>> import json, os, tempfile
     >>> from torchdata.stateful_dataloader import StatefulDataLoader
-    >>> from zephon import Recipe
+    >>> from zephon.recipe import Recipe
     >>> from zephon.data import BUNDLED_TOKENIZER
     >>> root = tempfile.mkdtemp()
     >>> with open(os.path.join(root, "web.jsonl"), "w") as f:

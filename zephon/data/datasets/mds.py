@@ -60,7 +60,7 @@ def _index_files(name: str, path: str | Sequence[str]) -> list[str]:
 def _column(name: str, where: str, shard: dict, column: str | None) -> tuple[int, str]:
     names = shard.get("column_names") or []
     want = column if column is not None else next((c for c in ("tokens", "input_ids") if c in names), None)
-    if want not in names:
+    if want is None or want not in names:
         raise DataError(
             f"no token column {want or '(tokens / input_ids)'!r}; the columns are {names}",
             dataset=name,
@@ -121,7 +121,7 @@ def mds_shards(
             if not enc.startswith("ndarray"):
                 raise DataError(f"the token column {col!r} is encoded as {enc!r}", dataset=name, file=ix_path, fix=_FIX)
             raw = np.memmap(where, dtype=np.uint8, mode="r")
-            data = memoryview(raw)
+            data = memoryview(raw)  # type: ignore[arg-type]
             count = struct.unpack_from("<I", data, 0)[0]
             offsets = np.frombuffer(raw, "<u4", count + 1, 4).astype(np.int64)
             try:

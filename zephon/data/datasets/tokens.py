@@ -235,12 +235,16 @@ class TokenIndex:
         return [s.dtype for s in self._shards]
 
     def shard_offsets(self) -> np.ndarray:
+        """int64 ``[shards + 1]``: each shard's first document's global index, then the total."""
         return np.concatenate([[0], np.cumsum([m.num_records for m in self.shards])]).astype(np.int64)
 
     def record_bytes(self, shard: int) -> np.ndarray:
+        """Each document's weight in the plan: 4 bytes a token (so token estimation is exact)."""
         return self._shards[shard].n * BYTES_PER_TOKEN
 
     def read(self, shard: int, indices: Sequence[int]) -> list[Any]:
+        """Documents ``indices`` of ``shard`` as views of the mapped file (native id width), in
+        the order given; one above ``max_record_bytes`` as a :class:`BadRecord`."""
         sh = self._shards[shard]
         out: list[Any] = []
         with self._lock:  # the map is opened once per process
@@ -254,6 +258,7 @@ class TokenIndex:
         return out
 
     def locate(self, shard: int, record: int) -> dict[str, Any]:
+        """Where a document lives: its file, ``document N``, its first id's byte offset and its length."""
         sh = self._shards[shard]
         return {
             "file": sh.path,
@@ -263,6 +268,7 @@ class TokenIndex:
         }
 
     def close(self) -> None:
+        """Drop the memory maps (a later read maps the files again)."""
         for s in self._shards:
             s._raw = None
 
