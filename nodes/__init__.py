@@ -23,7 +23,7 @@ from .policy import ON_ERROR, skip_hint
 from .rows import IGNORE_INDEX, LABELS, PartProvenance, Provenance, provenance_entry, row_spans
 from .shuffle import WindowShuffle
 from .skips import MAX_DETAIL_ROWS, SKIP_SHARE_WARNING, SkipCounter, SkipShareWarning, lane_share, reason_class
-from .tokenize import SPLIT_MODES, FetchTokenize, TokDoc, part_span
+from .tokenize import SPLIT_MODES, FetchTokenize, TokDoc, check_token_widths, part_span
 from .vision import FetchVision, LayoutSpan, MMDoc, sample_layout
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
 
@@ -61,6 +61,7 @@ __all__ = [
     "WindowShuffle",
     "WorkItem",
     "WorkPlan",
+    "check_token_widths",
     "fit_conversation",
     "lane_share",
     "mm_pad_batch",

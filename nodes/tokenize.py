@@ -35,14 +35,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from zephon.data.datasets import BadRecord, DatasetIndex
+from zephon.data.datasets import BadRecord, DataError, DatasetIndex, out_of_vocab
 from zephon.data.tokenizer import TextTokenizer
 from zephon.engine import ProcessLocal
 
 from .policy import ON_ERROR, skip_hint
 from .worksource import WorkItem
 
-__all__ = ["SPLIT_MODES", "FetchTokenize", "TokDoc", "part_span"]
+__all__ = ["SPLIT_MODES", "FetchTokenize", "TokDoc", "check_token_widths", "part_span"]
 
 #: how a long document's parts are made (see the module doc): from its "text" or its "tokens"
 SPLIT_MODES = ("tokens", "text")
@@ -85,6 +85,23 @@ def part_span(text: str, part: int, parts: int) -> tuple[int, int]:
     ['one two', '\nthree four', ' five\nsix']
     """
     return _cut(text, part, parts), _cut(text, part + 1, parts)
+
+
+def check_token_widths(datasets: Sequence[Any], tokenizer: TextTokenizer) -> None:
+    """Refuse a pretokenized dataset whose stored id width cannot hold the tokenizer's ids (uint16
+    data holds ids below 65,536: it was not written by a tokenizer with more): the one record of
+    the tokenizer that the numpy and Megatron formats keep."""
+    for d in datasets:
+        for s, dt in enumerate(getattr(d, "dtypes", ())):
+            top = 1 << (8 * dt.itemsize - (dt.kind == "i"))
+            if tokenizer.vocab_size > top:
+                raise DataError(
+                    f"its token ids are stored as {dt} (below {top:,}), but the recipe tokenizer has "
+                    f"{tokenizer.vocab_size:,} ids: the data was tokenized with another (smaller) tokenizer",
+                    dataset=d.name,
+                    file=d.shards[s].path,
+                    fix="Use the tokenizer the data was written with in [tokenizer] path, or re-tokenize the data.",
+                )
 
 
 class TokDoc(NamedTuple):
@@ -192,6 +209,7 @@ class FetchTokenize(ProcessLocal):
         if split not in SPLIT_MODES:
             raise ValueError(f"split must be one of {SPLIT_MODES}, got {split!r}")
         self.split = split
+        check_token_widths(self.datasets, tokenizer)
         ProcessLocal.__init__(self)
 
     _transient = ("_parts_cache", "_text_cache")
@@ -235,8 +253,8 @@ class FetchTokenize(ProcessLocal):
     def _read_encode(self, items: Sequence[WorkItem]) -> list[Any]:
         """Each item's whole document: its tokens (one batched tokenizer call), or its BadRecord."""
         texts = self.fetch(items)
-        good = [i for i, t in enumerate(texts) if not isinstance(t, BadRecord)]
-        out: list[Any] = list(texts)
+        good = [i for i, t in enumerate(texts) if isinstance(t, str)]
+        out: list[Any] = [self._stored(it, t) if isinstance(t, np.ndarray) else t for it, t in zip(items, texts)]
         if good:
             for i, toks in zip(good, self.tokenizer.encode_batch([texts[i] for i in good])):
                 out[i] = toks
@@ -252,14 +270,17 @@ class FetchTokenize(ProcessLocal):
         pieces: list[str] = []
         for j, (it, text) in enumerate(zip(items, texts)):
             if isinstance(text, BadRecord):
-                if self.on_error[it.dataset] == "raise":
-                    raise text.to_error(skip_hint(self.datasets[it.dataset].name))
-                out[j] = TokDoc(np.zeros(0, dtype=np.int32), it.dataset, it, f"{text.locator}: {text.reason}")
+                out[j] = self._bad(it, text)
+            elif isinstance(text, np.ndarray):  # a pretokenized document: its ids (a part: its slice)
+                out[j] = self._stored_doc(it, text)
             elif it.parts <= 1:
                 whole.append(j)
             else:
                 cut.append(j)
                 pieces.append(text[slice(*part_span(text, it.part, it.parts))])
+        for j, doc in enumerate(out):  # a pretokenized document that is bad (ids outside the vocabulary)
+            if isinstance(doc, BadRecord):
+                out[j] = self._bad(items[j], doc)
         tok = self.tokenizer
         if whole:
             for j, toks in zip(whole, tok.encode_batch([texts[j] for j in whole])):
@@ -348,6 +369,31 @@ class FetchTokenize(ProcessLocal):
                 doc = load([items[j]])[0]
             out[j] = doc
         return out
+
+    def _bad(self, it: WorkItem, rec: BadRecord) -> TokDoc:
+        """A bad record under the dataset's policy: raised, or a counted skip."""
+        if self.on_error[it.dataset] == "raise":
+            raise rec.to_error(skip_hint(self.datasets[it.dataset].name))
+        return TokDoc(np.zeros(0, dtype=np.int32), it.dataset, it, f"{rec.locator}: {rec.reason}")
+
+    def _stored(self, it: WorkItem, ids: np.ndarray) -> Any:
+        """A pretokenized document's ids as int32 (copied out of the memory map), or a
+        :class:`BadRecord` when an id lies outside the tokenizer's vocabulary."""
+        why = out_of_vocab(ids, self.tokenizer.vocab_size)
+        if why is not None:
+            where = self.datasets[it.dataset].locate(it.shard, it.record)
+            return BadRecord(self.datasets[it.dataset].name, where["file"], where["locator"], why)
+        return np.asarray(ids, dtype=np.int32)
+
+    def _stored_doc(self, it: WorkItem, ids: np.ndarray) -> Any:
+        """The TokDoc of a pretokenized document, or of its planned part (a slice of its ids, cut
+        as the "tokens" split mode cuts); a BadRecord when its ids are not the tokenizer's."""
+        offset = 0
+        if it.parts > 1:
+            offset = self.cut(len(ids), it.part, it.parts)
+            ids = ids[offset : self.cut(len(ids), it.part + 1, it.parts)]
+        got = self._stored(it, ids)
+        return got if isinstance(got, BadRecord) else TokDoc(got, it.dataset, it, None, offset)
 
     def cut(self, n: int, i: int, k: int) -> int:
         """Where part i of k of an n-token document starts ("tokens" split mode). Cuts fall on multiples of ``align``

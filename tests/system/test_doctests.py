@@ -7,10 +7,12 @@ import importlib
 import pytest
 from package_tree import modules
 
-OPTIONAL = {
+OPTIONAL = {  # module -> what it needs
     "zephon.integrations.torchtitan": "torchtitan",
     "zephon.integrations.titan_metrics": "torchtitan",
-}  # module -> what it needs
+    "zephon.integrations.hf": "accelerate",
+    "zephon.integrations.lightning": "pytorch_lightning",
+}
 MODULES = [m for m in modules() if m not in OPTIONAL]
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon.data import ShardIndex, TextTokenizer
+from zephon.data import BYTES_PER_TOKEN, BadRecord, ShardIndex, TextTokenizer, out_of_vocab
 from zephon.engine import IndexPermutation, stable_u64
 from zephon.nodes import reason_class
 
@@ -88,6 +88,12 @@ def estimate_tokens(
     for s, local in estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
         sizes = index.record_bytes(s)
         for r, rec in zip(local, index.read(s, local)):
+            if isinstance(rec, np.ndarray):  # pretokenized: its ids are checked, its size is exact
+                why = out_of_vocab(rec, tokenizer.vocab_size)
+                if why is None:
+                    records += 1
+                    continue
+                rec = BadRecord(index.name, "", "", why)
             if isinstance(rec, str):
                 segs = [rec]
                 nbytes += int(sizes[r])
@@ -106,6 +112,8 @@ def estimate_tokens(
             records += 1
     per_record = (1 if tokenizer.add_bos else 0) + (1 if tokenizer.add_eos else 0)
     bad_counts = {k: (int(v[0]), str(v[1])) for k, v in bad.items()}
+    if getattr(index, "pretokenized", False):  # ids as stored, 4 "bytes" a token: exact, nothing added
+        return TokenEstimate(1 / BYTES_PER_TOKEN, 0.0, records, bad_counts)
     if not texts or nbytes == 0:
         return TokenEstimate(1.0, float(per_record), records, bad_counts)
     lengths = [len(ids) for ids in tokenizer.encode_content(texts)]

@@ -29,7 +29,7 @@ import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from zephon.data import FORMATS, MM_FORMATS, TEMPLATES
+from zephon.data import FORMATS, MM_FORMATS, TEMPLATES, TOKEN_FORMATS
 from zephon.engine import WorkerConfig
 from zephon.nodes import VisionConfig, WeightSchedule
 
@@ -536,7 +536,7 @@ def _rule_dataset(given: dict[str, Any], where: str) -> dict[str, Any]:
     if d.max_skipped_fraction is not None and d.max_skipped_fraction > 1:
         raise RecipeError(f"recipe: {where}.max_skipped_fraction is a fraction in [0, 1], got {d.max_skipped_fraction}")
     if d.kind == "text":
-        _str(f"{where}.", "format", d.format, ("auto", *FORMATS))
+        _str(f"{where}.", "format", d.format, ("auto", *FORMATS, *TOKEN_FORMATS))
         return given
     if d.kind == CHAT_KIND:  # conversations: a field's value read as JSON from JSONL, Parquet or Arrow
         _str(f"{where}.", "format", d.format, ("auto", "jsonl", "parquet", "arrow"))

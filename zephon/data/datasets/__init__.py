@@ -10,7 +10,8 @@ this package answers "how many records, how big is each, give me records i, j, k
 Every index kind implements :class:`ShardIndex` (image-text ones :class:`ImageTextShardIndex`).
 The modules: one per format (``jsonl``, ``text``, ``parquet``, ``arrow``, ``wds``,
 ``mm_parquet``), ``resolve`` (paths to shard files), ``cache`` (metadata cache, shard caches,
-pickling), and the two indexes (``index``: text, ``multimodal``: image-text).
+pickling), and the two indexes (``index``: text, ``multimodal``: image-text); ``tokens``:
+pretokenized files (numpy, Megatron), whose index reads token-id arrays.
 """
 
 from .errors import BadRecord, DataError
@@ -19,8 +20,19 @@ from .multimodal import KINDS, MultimodalIndex, index_multimodal
 from .protocol import ImageTextShardIndex, ShardIndex
 from .resolve import FORMATS, MM_FORMATS, SAME_FILE, ShardMeta, default_cache_dir
 from .samples import MMRecord, image_header_size
+from .tokens import (
+    BYTES_PER_TOKEN,
+    TOKEN_FORMATS,
+    TokenIndex,
+    index_tokens,
+    out_of_vocab,
+    write_mds,
+    write_megatron,
+    write_tokens,
+)
 
 __all__ = [
+    "BYTES_PER_TOKEN",
     "DEFAULT_MAX_RECORD_BYTES",
     "EMPTY",
     "FORMATS",
@@ -28,6 +40,7 @@ __all__ = [
     "MM_FORMATS",
     "SAME_FILE",
     "TEXT_MODES",
+    "TOKEN_FORMATS",
     "BadRecord",
     "DataError",
     "DatasetIndex",
@@ -36,8 +49,14 @@ __all__ = [
     "MultimodalIndex",
     "ShardIndex",
     "ShardMeta",
+    "TokenIndex",
     "default_cache_dir",
     "image_header_size",
     "index_dataset",
     "index_multimodal",
+    "index_tokens",
+    "out_of_vocab",
+    "write_mds",
+    "write_megatron",
+    "write_tokens",
 ]

@@ -39,6 +39,7 @@ from .resolve import (
 )
 from .shardio import ShardFiles
 from .text import LineReader, Reader, TextFileReader
+from .tokens import TOKEN_FORMATS, index_tokens
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
@@ -395,7 +396,9 @@ def index_dataset(
     ``path``: a path, glob, folder, fsspec URL (``memory://``, ``s3://``, ``gs://``, ``hf://``
     with the backend installed), or a list of those. A folder written by Hugging Face
     ``save_to_disk`` (it has ``state.json``) is read as ``format="arrow"``.
-    ``format``: "auto" (from the extensions), "jsonl", "parquet", "text" or "arrow".
+    ``format``: "auto" (from the extensions), "jsonl", "parquet", "text" or "arrow"; "tokens",
+    "megatron" or "mds" index pretokenized files instead (:func:`~zephon.data.datasets.tokens.index_tokens`;
+    ``text_field`` then names an MDS token column).
     Compression (.gz, .zst, .zstd) of jsonl/text files follows the extension.
     ``text_mode`` (format "text"): "line" = one document per non-blank line, "file" = one per file.
     ``cache_dir``: where per-shard metadata is cached (default ``$ZEPHON_CACHE_DIR`` or
@@ -407,6 +410,9 @@ def index_dataset(
     ``empty``: an empty or whitespace-only text is a "document" (data: its BOS/EOS) or a "bad"
     record (an empty file has no record either way).
     """
+    if format in TOKEN_FORMATS:  # pretokenized: token files, memory-mapped (see .tokens)
+        column = None if text_field == "text" else text_field  # MDS: the token column
+        return index_tokens(name, path, format, max_record_bytes=max_record_bytes, same_file=same_file, column=column)  # type: ignore[return-value]
     if empty not in EMPTY:
         raise DataError(f"unknown empty = {empty!r}", dataset=name, fix=f"Use one of {EMPTY}.")
     _check_settings(name, format, text_field, text_mode)
