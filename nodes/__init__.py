@@ -15,6 +15,18 @@ Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 """
 
 from .batch import Batch
+from .filters import (
+    FILTER_KINDS,
+    FilterChain,
+    FilterCounter,
+    FilteredDoc,
+    FilteredTokenize,
+    FilterError,
+    FilterRule,
+    FilterVerdict,
+    duplicate_records,
+    resolve_function,
+)
 from .mmpack import MMPack, mm_pad_batch
 from .pack import ALGORITHMS, Pack, pad_row, pad_rows
 from .policy import ON_ERROR, skip_hint
@@ -28,6 +40,7 @@ from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, W
 __all__ = [
     "ALGORITHMS",
     "DECODE_RULES",
+    "FILTER_KINDS",
     "IGNORE_INDEX",
     "LABELS",
     "MAX_DETAIL_ROWS",
@@ -39,6 +52,13 @@ __all__ = [
     "DatasetPlan",
     "FetchTokenize",
     "FetchVision",
+    "FilterChain",
+    "FilterCounter",
+    "FilterError",
+    "FilterRule",
+    "FilterVerdict",
+    "FilteredDoc",
+    "FilteredTokenize",
     "LaneWorkSource",
     "LayoutSpan",
     "MMDoc",
@@ -54,6 +74,7 @@ __all__ = [
     "WindowShuffle",
     "WorkItem",
     "WorkPlan",
+    "duplicate_records",
     "lane_share",
     "mm_pad_batch",
     "pad_row",
@@ -61,6 +82,7 @@ __all__ = [
     "part_span",
     "provenance_entry",
     "reason_class",
+    "resolve_function",
     "row_spans",
     "sample_layout",
     "skip_hint",

@@ -29,6 +29,7 @@ from zephon.engine.router import GlobalLoader, Router
 from zephon.nodes import VisionConfig, WeightSchedule
 
 from .build import RecipeLanes, build_lane, prefetch_depth
+from .filters import FilterSpec, parse_filters, with_filters
 from .parse import parse_recipe
 from .prepare import Prepared, TokenEstimate, prepare
 from .spec import DatasetSpec, MemoryBudget, RecipeError, RecipeSpec, size
@@ -69,7 +70,9 @@ class Recipe:
         except RecursionError:
             raise RecipeError("recipe: it nests tables or lists too deeply to be a recipe") from None
         self.base_dir = os.path.abspath(base_dir)
-        self.spec: RecipeSpec = parse_recipe(self.raw, self.base_dir)
+        self.spec: RecipeSpec = parse_recipe(_core(self.raw), self.base_dir)
+        #: the ``[[filters]]`` entries (:mod:`zephon.recipe.filters`), in order
+        self.filters: tuple[FilterSpec, ...] = parse_filters(self.raw.get("filters"), self.spec)
         self._prepared: Prepared | None = None
         self._lock = threading.Lock()
 
@@ -174,15 +177,19 @@ class Recipe:
         return self.spec.vision.config
 
     def data_definition(self) -> dict[str, Any]:
-        """Everything that defines the data (see :meth:`RecipeSpec.data_definition`)."""
-        return self.spec.data_definition()
+        """Everything that defines the data (see :meth:`RecipeSpec.data_definition`), with the
+        ``[[filters]]`` when there are any."""
+        out = self.spec.data_definition()
+        if self.filters:
+            out["filters"] = [f.definition() for f in self.filters]
+        return out
 
     # -- preparation (I/O: indexing, tokenizer, estimation) ---------------------------------
     def prepare(self, progress: bool | None = None) -> Prepared:
         """Index the datasets, load the tokenizer and estimate tokens (once per Recipe object)."""
         with self._lock:
             if self._prepared is None:
-                self._prepared = prepare(self.spec, progress)
+                self._prepared = with_filters(prepare(self.spec, progress), self.filters)
             return self._prepared
 
     @property
@@ -224,7 +231,7 @@ class Recipe:
 
     def _respec(self, data_version: int) -> RecipeSpec:
         """This recipe's spec under another data version (its own keys kept)."""
-        return parse_recipe(self.raw | {"data_version": data_version}, self.base_dir)
+        return parse_recipe(_core(self.raw) | {"data_version": data_version}, self.base_dir)
 
     def build_lane(self, ctx: LaneContext) -> BaseNode:
         """The pipeline of one lane (a torchdata node yielding micro-batches)."""
@@ -309,3 +316,12 @@ class Recipe:
             f"datasets=[{ds}], pack={s.pack.algorithm}, shuffle={s.shuffle.buffer}, "
             f"workers={self.workers.count} {self.workers.backend})"
         )
+
+
+#: the recipe sections read outside :func:`~zephon.recipe.parse.parse_recipe`
+OWN_SECTIONS = ("filters",)
+
+
+def _core(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe less the sections :class:`Recipe` reads itself (:data:`OWN_SECTIONS`)."""
+    return {k: v for k, v in raw.items() if k not in OWN_SECTIONS}
