@@ -353,5 +353,5 @@ class FilterCounter(ZNode[Any]):
         return {r: dict(zip(self.names, row)) for r, row in zip(self.rules, self.dropped)}
 
     def extra_metrics(self) -> dict[str, Any]:
-        """:meth:`counts`, reported with the node's metrics."""
-        return {"filtered": self.counts()}
+        """Documents dropped as ``{"rule/dataset": n}`` (flat, so a rank's summary sums them over lanes)."""
+        return {"filtered": {f"{r}/{d}": n for r, row in self.counts().items() for d, n in row.items()}}
