@@ -127,6 +127,7 @@ class FilterRule:
     duplicates: Mapping[int, frozenset[tuple[int, int]]] = field(default_factory=dict)
 
     def applies(self, dataset: int) -> bool:
+        """Whether the rule applies to dataset ``dataset`` (an index of the recipe's datasets)."""
         return self.datasets is None or dataset in self.datasets
 
     def __getstate__(self) -> dict[str, Any]:
@@ -192,6 +193,7 @@ class FilterChain:
 
     @property
     def names(self) -> list[str]:
+        """The rules' names, in order: what :class:`FilterCounter` counts under."""
         return [r.name for r in self.rules]
 
     def decide(

@@ -181,7 +181,11 @@ def _words(tmp_path, n=40):
         ("user_filters:explode", "function", r"filter 'f' \(function 'user_filters:explode'\) raised KeyError"),
         ("user_filters:wrong_type", "function", r"returned a int, not a bool"),
         ("user_filters:has_word", "transform", r"returned a bool, not a str"),
-        ("user_filters:flaky", "function", r"is not deterministic: called twice on dataset 'd', file '.*0.jsonl', line"),
+        (
+            "user_filters:flaky",
+            "function",
+            r"is not deterministic: called twice on dataset 'd', file '.*0.jsonl', line",
+        ),
     ],
 )
 def test_user_function_errors_name_function_and_record(tmp_path, function, kind, message):
@@ -194,17 +198,15 @@ def test_user_function_errors_name_function_and_record(tmp_path, function, kind,
 
 def test_user_function_error_in_a_worker_names_the_record(tmp_path):
     """A failure the pre-run sample did not meet is raised by the worker, naming the record."""
-    _words(tmp_path, 200)
-    with open(tmp_path / "d" / "0.jsonl", "a") as f:
-        f.write(json.dumps({"text": "zzz"}) + "\n")
-    raw = _tiny(tmp_path) | {"filters": [{"name": "f", "kind": "function", "function": "user_filters:explode"}]}
-    raw["mixing"] = {"estimate_samples": 1}
+    os.makedirs(tmp_path / "d")
     with open(tmp_path / "d" / "0.jsonl", "w") as f:
         f.writelines(json.dumps({"text": "zzz" if i else "one e"}) + "\n" for i in range(50))
+    raw = _tiny(tmp_path) | {"filters": [{"name": "f", "kind": "function", "function": "user_filters:explode"}]}
+    raw["mixing"] = {"estimate_samples": 1}
     r = Recipe.from_dict(raw, str(tmp_path))
-    with pytest.raises(FilterError, match=r"filter 'f' .* raised KeyError: 'no e allowed' on dataset 'd', file .*line 1"):
-        with r.global_loader(1, workers=WorkerConfig(2, "thread")) as g:
-            list(g)
+    message = r"filter 'f' .* raised KeyError: 'no e allowed' on dataset 'd', file .*line 1"
+    with r.global_loader(1, workers=WorkerConfig(2, "thread")) as g, pytest.raises(FilterError, match=message):
+        list(g)
 
 
 @pytest.mark.parametrize(
