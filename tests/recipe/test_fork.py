@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 from text_fixtures import write_corpus, write_recipe
 
-from zephon import Recipe, WorkerConfig, batch_sha256, decode_state, encode_state
+from zephon import Recipe, StateError, WorkerConfig, batch_sha256, decode_state, encode_state
 from zephon.engine.testing import check_node
 from zephon.recipe import RecipeError
 from zephon.tools.ledger import RecipeSteps
 from zephon.tools.ledger_diff import diff
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 STEP = 6
 STEPS = 12
@@ -102,7 +110,7 @@ def test_fork_section_in_fingerprint(parent, fork, corpus):
     assert fork.data_definition()["fork"] == {"parent": "parent.toml", "step": STEP}
 
 
-def test_other_differences_refused_naming_them(corpus):
+def test_other_differences_refused_naming_them(corpus, parent):
     with pytest.raises(RecipeError, match=r"\[fork\]: 'seed' differs from the parent recipe \(77 -> 5\)"):
         fork_recipe(corpus, "bad.toml").replace(seed=5).parent  # noqa: B018
     r = fork_recipe(corpus, "bad2.toml", web_extra="on_error = 'skip'")
@@ -110,7 +118,7 @@ def test_other_differences_refused_naming_them(corpus):
         r.parent  # noqa: B018
 
 
-def test_wrong_parent_fingerprint_refused(corpus):
+def test_wrong_parent_fingerprint_refused(corpus, parent):
     path = write_recipe(
         corpus, "fp.toml", extra=FORK.format(step=STEP).replace("step =", 'fingerprint = "abc"\nstep =')
     )
@@ -129,3 +137,31 @@ def test_wrong_parent_fingerprint_refused(corpus):
 def test_bad_fork_sections(parent, section, message):
     with pytest.raises(RecipeError, match=message):
         parent.replace(fork=section)
+
+
+def test_readme_fork_example_is_a_valid_fork(corpus, parent, reference):
+    """The TOML of the README's fork section, in the fork recipe, makes the same fork."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+    example = readme.split("## Forks: continue a run", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    r = fork_recipe(corpus, "readme.toml")
+    raw = tomllib.loads(example)
+    assert raw["fork"] == {"parent": "parent.toml", "step": STEP}
+    assert r.replace(fork=raw["fork"]).fingerprint == r.fingerprint
+
+
+@pytest.mark.parametrize("at,w1,w2", [(2, 2, 4), (STEP, 8, 1)])
+def test_parent_checkpoint_continues_under_the_fork(parent, fork, reference, at, w1, w2):
+    """A checkpoint of the parent's own run, taken at or before the fork step, resumes under the fork."""
+    head, state = run(parent, w1, at)
+    assert head == reference[:at]
+    tail, _ = run(fork, w2, STEPS - at, state=fork.continue_state(state))
+    assert head + tail == reference
+
+
+def test_parent_checkpoint_after_the_fork_step_or_other_run_refused(parent, fork, corpus):
+    _, late = run(parent, 2, STEP + 1)
+    with pytest.raises(StateError, match=f"written at step {STEP + 1}, after the fork step {STEP}"):
+        fork.continue_state(late)
+    _, own = run(fork, 2, 1)
+    with pytest.raises(StateError, match="not the fork's parent recipe's"):
+        fork.continue_state(own)

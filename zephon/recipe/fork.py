@@ -38,13 +38,14 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from zephon.engine import LaneContext, StateError, ZNode, check_state_keys, state_int, state_node
+from zephon.engine.checkpoint import is_lane_key, lane_state, seal_state, verify_state
 from zephon.engine.lanes import LaneSet
 
 from .build import RecipeLanes
 from .migrations import LANE_MIGRATIONS
 from .spec import RecipeError
 
-__all__ = ["ForkLane", "ForkLanes", "ForkSpec", "check_fork", "parse_fork"]
+__all__ = ["ForkLane", "ForkLanes", "ForkSpec", "check_fork", "continued_source", "fork_checkpoint", "parse_fork"]
 
 #: keys of the data definition a fork may change (datasets are compared one by one, weights aside)
 FORKABLE = ("datasets", "schedule", "filters", "fork")
@@ -197,18 +198,28 @@ class ForkLane(ZNode[Any]):
             else:
                 self.parent.reset(None)
             return
-        check_state_keys(self, initial_state, ("step", "lane"))
+        check_state_keys(self, initial_state, ("step", "on", "lane"))
         t = state_int(self, "step", initial_state["step"])
+        on = initial_state["on"]
+        if not ((on == "parent" and t <= self.fork_step) or (on == "child" and t >= self.fork_step)):
+            raise StateError(f"{self!r}: state field 'on' is {on!r} at step {t}, fork step {self.fork_step}")
         try:
             inner = state_node(self, "lane", json.loads(initial_state["lane"]))
         except (TypeError, ValueError):
             raise StateError(f"{self!r}: state field 'lane' must be a lane state as JSON text") from None
-        (self.parent if t < self.fork_step else self._child()).reset(inner)
+        if on == "parent":  # a parent checkpoint at the fork step: the child starts from it
+            self.parent.reset(inner)
+            self.t = t
+            if t == self.fork_step:
+                self._start_child()
+            return
+        self._child().reset(inner)
         self.t = t
 
     def get_state(self) -> dict[str, Any]:
         node = self.parent if self.t < self.fork_step else self._child()
-        return self._tagged({"step": self.t, "lane": json.dumps(node.state_dict(), sort_keys=True)})
+        on = "parent" if self.t < self.fork_step else "child"
+        return self._tagged({"step": self.t, "on": on, "lane": json.dumps(node.state_dict(), sort_keys=True)})
 
     def next(self) -> Any:
         if self.t < self.fork_step:
@@ -253,3 +264,36 @@ class ForkLanes(LaneSet):
 
     def __repr__(self) -> str:
         return f"ForkLanes(step={self.step}, parent={self.parent!r}, child={self.child!r})"
+
+
+def fork_checkpoint(
+    state: Mapping[str, Any], *, parent: str, fork: str, step: int, shared: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A checkpoint of the parent run (fingerprint ``parent``) taken at or before the fork
+    ``step``, as the fork's (fingerprint ``fork``, its ``shared`` values): each lane's state
+    wrapped as a :class:`ForkLane`'s, the whole resealed. Anything else is refused, naming it."""
+    verify_state(state)
+    if state.get("fingerprint") != parent:
+        raise StateError(
+            f"the checkpoint's fingerprint is {state.get('fingerprint')!r}, not the fork's parent recipe's {parent!r}: "
+            "it belongs to another run (or the parent recipe or its data changed)"
+        )
+    t = state.get("step")
+    if not isinstance(t, int) or t > step:
+        raise StateError(
+            f"the checkpoint was written at step {t}, after the fork step {step}: the parent's batches from {step} on "
+            "were already consumed. Resume from a checkpoint at or before the fork step, or fork at a later step"
+        )
+    out: dict[str, Any] = {k: v for k, v in state.items() if not is_lane_key(k) and k != "digest"}
+    out.update(fingerprint=fork, shared=dict(shared))
+    for k in state:
+        if is_lane_key(k):
+            inner = lane_state(state, int(k[5:]))
+            out[k] = {
+                "type": ForkLane.node_type,
+                "version": ForkLane.state_version,
+                "step": t,
+                "on": "parent",
+                "lane": json.dumps(inner, sort_keys=True),
+            }
+    return seal_state(out)

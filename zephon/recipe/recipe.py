@@ -32,7 +32,7 @@ from zephon.nodes import VisionConfig, WeightSchedule
 
 from .build import RecipeLanes, build_lane, prefetch_depth
 from .filters import FilterSpec, parse_filters, with_filters
-from .fork import ForkLanes, ForkSpec, check_fork, parse_fork
+from .fork import ForkLanes, ForkSpec, check_fork, fork_checkpoint, parse_fork
 from .parse import parse_recipe
 from .prepare import Prepared, TokenEstimate, prepare
 from .spec import DatasetSpec, MemoryBudget, RecipeError, RecipeSpec, size
@@ -256,13 +256,30 @@ class Recipe:
         return list(self.prepare().indexes)
 
     # -- pipelines --------------------------------------------------------------------------
+    def continue_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """A fork's start from its parent run: the parent's checkpoint ``state`` (a
+        ``state_dict()``, decoded, all ranks merged) taken at or before the fork step, as a state
+        this recipe's loaders load (see :func:`zephon.recipe.fork.fork_checkpoint`)."""
+        if self.fork is None:
+            raise RecipeError("recipe: continue_state needs a [fork] section naming the parent and the step")
+        return fork_checkpoint(
+            state,
+            parent=self.parent.fingerprint,
+            fork=self.fingerprint,
+            step=self.fork.step,
+            shared=self.lane_set().shared_state(),
+        )
+
     def lane_set(self, workers: WorkerConfig | None = None) -> RecipeLanes | ForkLanes:
         """The lanes of this recipe for a router (``workers`` overrides every stage's); a fork's
         run the parent's lanes before the fork step."""
         own = RecipeLanes(self.prepare(), workers, self._respec)
         if self.fork is None:
             return own
-        return ForkLanes(self.parent.lane_set(workers), own, self.fork.step)
+        parent = self.parent.lane_set(workers)
+        if not isinstance(parent, RecipeLanes):  # refused by `parent` already: a fork of a fork
+            raise RecipeError("recipe: a [fork] parent must be a recipe without [fork]")
+        return ForkLanes(parent, own, self.fork.step)
 
     def _respec(self, data_version: int) -> RecipeSpec:
         """This recipe's spec under another data version (its own keys kept)."""
