@@ -16,6 +16,18 @@ Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 
 from .batch import Batch
 from .chat import LONG, ChatDoc, ChatOptions, ChatPack, FetchChat, fit_conversation
+from .filters import (
+    FILTER_KINDS,
+    FilterChain,
+    FilterCounter,
+    FilteredDoc,
+    FilteredTokenize,
+    FilterError,
+    FilterRule,
+    FilterVerdict,
+    duplicate_records,
+    resolve_function,
+)
 from .images import DECODE_RULES, VisionConfig
 from .mmpack import MMPack, mm_pad_batch
 from .pack import ALGORITHMS, Pack, pad_row, pad_rows
@@ -30,6 +42,7 @@ from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, W
 __all__ = [
     "ALGORITHMS",
     "DECODE_RULES",
+    "FILTER_KINDS",
     "IGNORE_INDEX",
     "LABELS",
     "LONG",
@@ -46,6 +59,13 @@ __all__ = [
     "FetchChat",
     "FetchTokenize",
     "FetchVision",
+    "FilterChain",
+    "FilterCounter",
+    "FilterError",
+    "FilterRule",
+    "FilterVerdict",
+    "FilteredDoc",
+    "FilteredTokenize",
     "LaneWorkSource",
     "LayoutSpan",
     "MMDoc",
@@ -62,6 +82,7 @@ __all__ = [
     "WorkItem",
     "WorkPlan",
     "check_token_widths",
+    "duplicate_records",
     "fit_conversation",
     "lane_share",
     "mm_pad_batch",
@@ -70,6 +91,7 @@ __all__ = [
     "part_span",
     "provenance_entry",
     "reason_class",
+    "resolve_function",
     "row_spans",
     "sample_layout",
     "skip_hint",

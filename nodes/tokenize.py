@@ -212,7 +212,7 @@ class FetchTokenize(ProcessLocal):
         check_token_widths(self.datasets, tokenizer)
         ProcessLocal.__init__(self)
 
-    _transient = ("_parts_cache", "_text_cache")
+    _transient: tuple[str, ...] = ("_parts_cache", "_text_cache")
 
     #: texts of multi-part records kept per process ("text" mode): a part re-reads its record
     #: only when the record left this cache (a read is ~1/400 of tokenizing the record here)

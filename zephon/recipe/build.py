@@ -34,6 +34,8 @@ from zephon.engine.workers import PoolSet
 from zephon.nodes import (
     Batch,
     ChatPack,
+    FilterCounter,
+    FilteredTokenize,
     LaneWorkSource,
     MMPack,
     Pack,
@@ -75,6 +77,8 @@ def _front(p: Prepared, ctx: LaneContext, stage: str, workers: WorkerConfig | No
         lane=ctx.lane,
         name=f"fetch+{stage}",
     )
+    if isinstance(p.fetch, FilteredTokenize):  # [[filters]]: count and drop what they dropped
+        node = FilterCounter(node, rules=p.fetch.chain.names, dataset_names=[s.name for s in spec.datasets])
     return SkipCounter(
         node,
         dataset_names=[s.name for s in spec.datasets],

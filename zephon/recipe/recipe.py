@@ -12,6 +12,8 @@ recipe's fingerprint.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import hashlib
 import html
 import os
 import stat
@@ -31,6 +33,8 @@ from zephon.nodes import VisionConfig, WeightSchedule
 from .budget import MemoryBudget, memory_budget, size
 from .build import RecipeLanes, build_lane, prefetch_depth
 from .estimate import TokenEstimate
+from .filters import FilterSpec, parse_filters, with_filters
+from .fork import ForkLanes, ForkSpec, check_fork, fork_checkpoint, parse_fork
 from .parse import parse_recipe
 from .prepare import Prepared, prepare
 from .spec import DatasetSpec, RecipeError, RecipeSpec
@@ -71,7 +75,12 @@ class Recipe:
         except RecursionError:
             raise RecipeError("recipe: it nests tables or lists too deeply to be a recipe") from None
         self.base_dir = os.path.abspath(base_dir)
-        self.spec: RecipeSpec = parse_recipe(self.raw, self.base_dir)
+        self.spec: RecipeSpec = parse_recipe(_core(self.raw), self.base_dir)
+        #: the ``[[filters]]`` entries (:mod:`zephon.recipe.filters`), in order
+        self.filters: tuple[FilterSpec, ...] = parse_filters(self.raw.get("filters"), self.spec)
+        #: the ``[fork]`` section (:mod:`zephon.recipe.fork`): the run this recipe continues, and from which step
+        self.fork: ForkSpec | None = parse_fork(self.raw.get("fork"), self.base_dir)
+        self._parent: Recipe | None = None
         self._prepared: Prepared | None = None
         self._lock = threading.Lock()
 
@@ -176,15 +185,44 @@ class Recipe:
         return self.spec.vision.config
 
     def data_definition(self) -> dict[str, Any]:
-        """Everything that defines the data (see :meth:`RecipeSpec.data_definition`)."""
-        return self.spec.data_definition()
+        """Everything that defines the data (see :meth:`RecipeSpec.data_definition`), with the
+        ``[[filters]]`` when there are any."""
+        out = self.spec.data_definition()
+        if self.filters:
+            out["filters"] = [f.definition() for f in self.filters]
+        if self.fork is not None:
+            out["fork"] = {"parent": os.path.basename(self.fork.parent), "step": self.fork.step}
+        return out
+
+    @property
+    def parent(self) -> Recipe:
+        """The recipe a ``[fork]`` continues (read once, checked: its fingerprint if the fork gives
+        one, and that it differs from this recipe only in what a fork may change)."""
+        if self.fork is None:
+            raise RecipeError("recipe: this recipe has no [fork] section, so no parent")
+        if self._parent is None:
+            parent = Recipe.from_toml(self.fork.parent)
+            if parent.fork is not None:
+                raise RecipeError(f"recipe: [fork] parent {self.fork.parent!r} is a fork itself; fork its parent")
+            if self.fork.fingerprint is not None and parent.fingerprint != self.fork.fingerprint:
+                raise RecipeError(
+                    f"recipe: [fork] parent {self.fork.parent!r} has fingerprint {parent.fingerprint!r}, not the "
+                    f"{self.fork.fingerprint!r} the fork names: the parent recipe or its data changed since the run"
+                )
+            check_fork(parent.data_definition(), self.data_definition())
+            self._parent = parent
+        return self._parent
 
     # -- preparation (I/O: indexing, tokenizer, estimation) ---------------------------------
     def prepare(self, progress: bool | None = None) -> Prepared:
         """Index the datasets, load the tokenizer and estimate tokens (once per Recipe object)."""
         with self._lock:
             if self._prepared is None:
-                self._prepared = prepare(self.spec, progress)
+                p = with_filters(prepare(self.spec, progress), self.filters)
+                if self.fork is not None:  # the parent's fingerprint and the step define the fork
+                    tail = f"{p.fingerprint}\0{self.parent.fingerprint}\0{self.fork.step}"
+                    p = dataclasses.replace(p, fingerprint=hashlib.sha256(tail.encode()).hexdigest()[:32])
+                self._prepared = p
             return self._prepared
 
     @property
@@ -220,16 +258,39 @@ class Recipe:
         return list(self.prepare().indexes)
 
     # -- pipelines --------------------------------------------------------------------------
-    def lane_set(self, workers: WorkerConfig | None = None) -> RecipeLanes:
-        """The lanes of this recipe for a router (``workers`` overrides every stage's)."""
-        return RecipeLanes(self.prepare(), workers, self._respec)
+    def continue_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """A fork's start from its parent run: the parent's checkpoint ``state`` (a
+        ``state_dict()``, decoded, all ranks merged) taken at or before the fork step, as a state
+        this recipe's loaders load (see :func:`zephon.recipe.fork.fork_checkpoint`)."""
+        if self.fork is None:
+            raise RecipeError("recipe: continue_state needs a [fork] section naming the parent and the step")
+        return fork_checkpoint(
+            state,
+            parent=self.parent.fingerprint,
+            fork=self.fingerprint,
+            step=self.fork.step,
+            shared=self.lane_set().shared_state(),
+        )
+
+    def lane_set(self, workers: WorkerConfig | None = None) -> RecipeLanes | ForkLanes:
+        """The lanes of this recipe for a router (``workers`` overrides every stage's); a fork's
+        run the parent's lanes before the fork step."""
+        own = RecipeLanes(self.prepare(), workers, self._respec)
+        if self.fork is None:
+            return own
+        parent = self.parent.lane_set(workers)
+        if not isinstance(parent, RecipeLanes):  # refused by `parent` already: a fork of a fork
+            raise RecipeError("recipe: a [fork] parent must be a recipe without [fork]")
+        return ForkLanes(parent, own, self.fork.step)
 
     def _respec(self, data_version: int) -> RecipeSpec:
         """This recipe's spec under another data version (its own keys kept)."""
-        return parse_recipe(self.raw | {"data_version": data_version}, self.base_dir)
+        return parse_recipe(_core(self.raw) | {"data_version": data_version}, self.base_dir)
 
     def build_lane(self, ctx: LaneContext) -> BaseNode:
         """The pipeline of one lane (a torchdata node yielding micro-batches)."""
+        if self.fork is not None:
+            return self.lane_set()(ctx)
         return build_lane(self.prepare(), ctx)
 
     def lane_context(self, lane: int, workers: WorkerConfig | None = None) -> LaneContext:
@@ -311,3 +372,12 @@ class Recipe:
             f"datasets=[{ds}], pack={s.pack.algorithm}, shuffle={s.shuffle.buffer}, "
             f"workers={self.workers.count} {self.workers.backend})"
         )
+
+
+#: the recipe sections read outside :func:`~zephon.recipe.parse.parse_recipe`
+OWN_SECTIONS = ("filters", "fork")
+
+
+def _core(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe less the sections :class:`Recipe` reads itself (:data:`OWN_SECTIONS`)."""
+    return {k: v for k, v in raw.items() if k not in OWN_SECTIONS}

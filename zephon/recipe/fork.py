@@ -1,0 +1,299 @@
+"""``[fork]``: a recipe that continues another recipe's run, changed, from a declared step.
+
+::
+
+    [fork]
+    parent = "base.toml"      # the recipe the run was started with (relative to this recipe's folder)
+    fingerprint = "9c1e..."   # optional: the parent's fingerprint, refused if the parent changed
+    step = 1000               # the first global batch made under this recipe
+
+The fork's global batches ``0 .. step-1`` are the parent's, byte for byte (each lane runs the
+parent's pipeline). At ``step`` every lane switches to this recipe's pipeline, started from a
+state that is a function of the parent lane's checkpoint state at ``step`` alone (so it is the
+same on every W, worker count and after any resume):
+
+* its work source takes over, per dataset *name*, the records the parent lane had read up to
+  the oldest flush point its state holds (the anchor its packer and shuffle window replay from):
+  a dataset kept continues its stream there, a dataset added starts at its beginning, a dataset
+  removed is no longer read. Up to one flush interval (``[pack] flush_every`` documents) and one
+  shuffle window of records the parent had read by ``step`` may be read again, and the parts
+  left of a long document in progress are not delivered;
+* the mixture deficits start from zero, so the new weights hold from ``step`` on;
+* packer, shuffle window and batch start empty; filters are this recipe's.
+
+What may differ from the parent: dataset weights and the schedule, datasets added or removed, and
+``[[filters]]``. Anything else (seed, lanes, seq_len, packing, shuffling, the tokenizer, a kept
+dataset's files or settings) is refused, naming the key.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from zephon.engine import LaneContext, StateError, ZNode, check_state_keys, state_int, state_node
+from zephon.engine.checkpoint import is_lane_key, lane_state, seal_state, verify_state
+from zephon.engine.lanes import LaneSet
+
+from .build import RecipeLanes
+from .migrations import LANE_MIGRATIONS
+from .spec import RecipeError
+
+__all__ = ["ForkLane", "ForkLanes", "ForkSpec", "check_fork", "continued_source", "fork_checkpoint", "parse_fork"]
+
+#: keys of the data definition a fork may change (datasets are compared one by one, weights aside)
+FORKABLE = ("datasets", "schedule", "filters", "fork")
+
+
+@dataclass(frozen=True)
+class ForkSpec:
+    """The ``[fork]`` section: the parent recipe's path, its expected fingerprint, the fork step."""
+
+    parent: str
+    step: int
+    fingerprint: str | None = None
+
+
+def parse_fork(raw: Any, base_dir: str) -> ForkSpec | None:
+    """The ``[fork]`` section, checked (the parent is read later)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise RecipeError('recipe: [fork] must be a table with parent = "recipe.toml" and step = N')
+    unknown = [k for k in raw if k not in ("parent", "step", "fingerprint")]
+    if unknown:
+        raise RecipeError(f"recipe: unknown key {unknown[0]!r} in [fork]; allowed: parent, step, fingerprint")
+    parent, step, fp = raw.get("parent"), raw.get("step"), raw.get("fingerprint")
+    if not isinstance(parent, str) or not parent:
+        raise RecipeError('recipe: [fork] needs parent = "the recipe the run was started with"')
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise RecipeError(f"recipe: [fork] step must be an integer >= 0 (the first batch of the fork), got {step!r}")
+    if fp is not None and not isinstance(fp, str):
+        raise RecipeError(f"recipe: [fork] fingerprint must be a string, got {fp!r}")
+    return ForkSpec(parent if os.path.isabs(parent) else os.path.join(base_dir, parent), step, fp)
+
+
+def check_fork(parent: Mapping[str, Any], child: Mapping[str, Any]) -> None:
+    """Refuse a fork whose data definition differs from its parent's other than by weights,
+    datasets added or removed, the schedule and filters; the message names the key."""
+    for k in sorted(set(parent) | set(child)):
+        if k not in FORKABLE and parent.get(k) != child.get(k):
+            raise RecipeError(
+                f"recipe: [fork]: {k!r} differs from the parent recipe ({parent.get(k)!r} -> {child.get(k)!r}); a fork "
+                "may change dataset weights, the schedule, datasets added or removed and [[filters]] only. Start a "
+                "new run for other changes"
+            )
+    theirs = {d.get("name"): d for d in parent.get("datasets", [])}
+    for d in child.get("datasets", []):
+        old = theirs.get(d.get("name"))
+        if old is None:
+            continue
+        for k in sorted(set(old) | set(d)):
+            if k != "weight" and old.get(k) != d.get(k):
+                raise RecipeError(
+                    f"recipe: [fork]: dataset {d.get('name')!r}: {k!r} differs from the parent recipe "
+                    f"({old.get(k)!r} -> {d.get(k)!r}); a kept dataset may change its weight only (add it under "
+                    "another name to read it differently)"
+                )
+
+
+def _find(state: Any, node_type: str) -> dict[str, Any] | None:
+    """The innermost (last found, depth first) sub-state of ``node_type`` in a lane state."""
+    found = None
+    if isinstance(state, dict):
+        if state.get("type") == node_type:
+            found = state
+        for v in state.values():
+            found = _find(v, node_type) or found
+    return found
+
+
+def continued_source(
+    parent_ws: Mapping[str, Any], parent_names: list[str], child_ws: dict[str, Any], child_names: list[str]
+) -> dict[str, Any]:
+    """The child work source's state at the fork: per dataset name, the parent's records read."""
+    count = [0] * len(child_names)
+    nbytes = [0] * len(child_names)
+    for i, name in enumerate(child_names):
+        if name in parent_names:
+            j = parent_names.index(name)
+            count[i], nbytes[i] = int(parent_ws["count"][j]), int(parent_ws["bytes"][j])
+    zeros = [0] * len(child_names)
+    return dict(
+        child_ws,
+        draws=sum(count),
+        count=count,
+        bytes=nbytes,
+        phase=0,
+        phase_bytes=list(zeros),
+        phase_count=list(zeros),
+        part=list(zeros),
+    )
+
+
+def _replace(state: Any, old: Any, new: Any) -> Any:
+    if state is old:
+        return new
+    if isinstance(state, dict):
+        return {k: _replace(v, old, new) for k, v in state.items()}
+    return state
+
+
+class ForkLane(ZNode[Any]):
+    """One lane of a fork: the parent's pipeline before ``step``, this recipe's from it on
+    (started from the parent lane's state at ``step``, see the module doc). State: the lane's
+    step and the state of the pipeline in charge, as JSON text (the two pipelines' states have
+    different keys; a node's state keys stay the same at every step)."""
+
+    node_type = "fork_lane"
+
+    def __init__(
+        self,
+        parent: BaseNode,
+        make_child: Callable[[], BaseNode],
+        *,
+        step: int,
+        parent_names: list[str],
+        child_names: list[str],
+    ) -> None:
+        super().__init__()
+        self.parent, self.make_child, self.fork_step = parent, make_child, step
+        self.parent_names, self.child_names = parent_names, child_names
+        self.child: BaseNode | None = None
+        self.t = 0
+
+    def _repr_args(self):
+        yield f"step={self.t}, fork at {self.fork_step}"
+
+    def upstreams(self) -> list[BaseNode]:
+        return [n for n in (self.parent, self.child) if n is not None]
+
+    def _child(self) -> BaseNode:
+        if self.child is None:
+            self.child = self.make_child()
+        return self.child
+
+    def _start_child(self) -> None:
+        """Switch to the child pipeline, its work source continued from the parent's state."""
+        child = self._child()
+        fresh = child.state_dict()
+        ws = _find(fresh, "work_source")
+        pws = _find(self.parent.state_dict(), "work_source") if self.fork_step > 0 else None
+        if ws is not None and pws is not None:
+            fresh = _replace(fresh, ws, continued_source(pws, self.parent_names, ws, self.child_names))
+        child.reset(fresh)
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if initial_state is None:
+            self.t = 0
+            if self.fork_step == 0:
+                self._start_child()
+            else:
+                self.parent.reset(None)
+            return
+        check_state_keys(self, initial_state, ("step", "on", "lane"))
+        t = state_int(self, "step", initial_state["step"])
+        on = initial_state["on"]
+        if not ((on == "parent" and t <= self.fork_step) or (on == "child" and t >= self.fork_step)):
+            raise StateError(f"{self!r}: state field 'on' is {on!r} at step {t}, fork step {self.fork_step}")
+        try:
+            inner = state_node(self, "lane", json.loads(initial_state["lane"]))
+        except (TypeError, ValueError):
+            raise StateError(f"{self!r}: state field 'lane' must be a lane state as JSON text") from None
+        if on == "parent":  # a parent checkpoint at the fork step: the child starts from it
+            self.parent.reset(inner)
+            self.t = t
+            if t == self.fork_step:
+                self._start_child()
+            return
+        self._child().reset(inner)
+        self.t = t
+
+    def get_state(self) -> dict[str, Any]:
+        node = self.parent if self.t < self.fork_step else self._child()
+        on = "parent" if self.t < self.fork_step else "child"
+        return self._tagged({"step": self.t, "on": on, "lane": json.dumps(node.state_dict(), sort_keys=True)})
+
+    def next(self) -> Any:
+        if self.t < self.fork_step:
+            out = next(self.parent)
+            self.t += 1
+            if self.t == self.fork_step:
+                self._start_child()
+            return out
+        out = next(self._child())
+        self.t += 1
+        return out
+
+
+def _fork_lane(
+    parent: LaneSet, child: LaneSet, step: int, names: tuple[list[str], list[str]], ctx: LaneContext
+) -> BaseNode:
+    return ForkLane(parent(ctx), functools.partial(child, ctx), step=step, parent_names=names[0], child_names=names[1])
+
+
+class ForkLanes(LaneSet):
+    """The lanes of a fork (:class:`ForkLane`); checkpoints carry the child's shared values."""
+
+    lane_migrations = LANE_MIGRATIONS
+
+    def __init__(self, parent: RecipeLanes, child: RecipeLanes, step: int) -> None:
+        if parent.end_mode is not None or child.end_mode is not None:
+            raise RecipeError('recipe: [fork] applies to recipes that never end (a dataset with policy = "repeat")')
+        names = ([s.name for s in parent.prepared.spec.datasets], [s.name for s in child.prepared.spec.datasets])
+        super().__init__(functools.partial(_fork_lane, parent, child, step, names))
+        self.parent, self.child, self.step = parent, child, step
+
+    def shared_state(self) -> dict[str, Any]:
+        return self.child.shared_state()
+
+    def adopt(self, shared: Mapping[str, Any]) -> LaneSet:
+        child = self.child.adopt(shared)
+        if child is self.child:
+            return self
+        if not isinstance(child, RecipeLanes):
+            raise StateError("a fork's checkpoint must describe a recipe's lanes")
+        return ForkLanes(self.parent, child, self.step)
+
+    def __repr__(self) -> str:
+        return f"ForkLanes(step={self.step}, parent={self.parent!r}, child={self.child!r})"
+
+
+def fork_checkpoint(
+    state: Mapping[str, Any], *, parent: str, fork: str, step: int, shared: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A checkpoint of the parent run (fingerprint ``parent``) taken at or before the fork
+    ``step``, as the fork's (fingerprint ``fork``, its ``shared`` values): each lane's state
+    wrapped as a :class:`ForkLane`'s, the whole resealed. Anything else is refused, naming it."""
+    verify_state(state)
+    if state.get("fingerprint") != parent:
+        raise StateError(
+            f"the checkpoint's fingerprint is {state.get('fingerprint')!r}, not the fork's parent recipe's {parent!r}: "
+            "it belongs to another run (or the parent recipe or its data changed)"
+        )
+    t = state.get("step")
+    if not isinstance(t, int) or t > step:
+        raise StateError(
+            f"the checkpoint was written at step {t}, after the fork step {step}: the parent's batches from {step} on "
+            "were already consumed. Resume from a checkpoint at or before the fork step, or fork at a later step"
+        )
+    out: dict[str, Any] = {k: v for k, v in state.items() if not is_lane_key(k) and k != "digest"}
+    out.update(fingerprint=fork, shared=dict(shared))
+    for k in state:
+        if is_lane_key(k):
+            inner = lane_state(state, int(k[5:]))
+            out[k] = {
+                "type": ForkLane.node_type,
+                "version": ForkLane.state_version,
+                "step": t,
+                "on": "parent",
+                "lane": json.dumps(inner, sort_keys=True),
+            }
+    return seal_state(out)
