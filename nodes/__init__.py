@@ -15,6 +15,7 @@ Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 """
 
 from .batch import Batch
+from .blockorder import OPEN_BLOCKS, BlockOrder, expected_distinct, global_batch_diversity
 from .mmpack import MMPack, mm_pad_batch
 from .pack import ALGORITHMS, Pack, pad_row, pad_rows
 from .policy import ON_ERROR, skip_hint
@@ -32,10 +33,12 @@ __all__ = [
     "LABELS",
     "MAX_DETAIL_ROWS",
     "ON_ERROR",
+    "OPEN_BLOCKS",
     "POLICIES",
     "SKIP_SHARE_WARNING",
     "SPLIT_MODES",
     "Batch",
+    "BlockOrder",
     "DatasetPlan",
     "FetchTokenize",
     "FetchVision",
@@ -54,6 +57,8 @@ __all__ = [
     "WindowShuffle",
     "WorkItem",
     "WorkPlan",
+    "expected_distinct",
+    "global_batch_diversity",
     "lane_share",
     "mm_pad_batch",
     "pad_row",
