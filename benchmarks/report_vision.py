@@ -57,7 +57,7 @@ work has none; zephon `[shuffle] buffer = 1`). What differs:
   resize, normalise, patchify, caption tokens) with the image function zephon and Grain use, no
   packing or batching.
 - **Image code.** zephon and Grain (and the work reference) call the same function,
-  `zephon.nodes.vision.preprocess_patches` (Pillow decode + EXIF transpose, Pillow bicubic resize,
+  `zephon.nodes.images.preprocess_patches` (Pillow decode + EXIF transpose, Pillow bicubic resize,
   uint8 patchify, then one exact float32 table lookup per byte for the normalisation; bit-identical
   to normalising in float32 then patchifying, at about half the cost of those two steps), so the
   ratios measure the loaders, not two implementations of the image work. TorchTitan: its own `process_image` (uint8 -> torch, bicubic antialiased

@@ -132,11 +132,11 @@ def preprocess(data: bytes, s: VSettings) -> tuple[np.ndarray, np.ndarray]:
     order, grid_thw int64 [3]).
 
     Grain's map and the work reference call the very function zephon's workers call
-    (:func:`zephon.nodes.vision.preprocess_patches`, a plain function any Grain user can import),
+    (:func:`zephon.nodes.images.preprocess_patches`, a plain function any Grain user can import),
     so the ratios measure the loaders, not two implementations of the image work. (The plain
     numpy way, float32 normalise then patchify, gives the same bytes at about twice the cost of
     those two steps; TorchTitan runs its own code.)"""
-    from zephon.nodes.vision import preprocess_patches
+    from zephon.nodes.images import preprocess_patches
 
     return preprocess_patches(data, _vision_config(s))
 
@@ -145,7 +145,7 @@ _CONFIGS: dict[Any, Any] = {}
 
 
 def _vision_config(s: VSettings):
-    from zephon.nodes.vision import VisionConfig
+    from zephon.nodes.images import VisionConfig
 
     key = (s.patch_size, s.temporal_patch_size, s.merge_size, s.min_pixels, s.max_pixels, tuple(s.mean), tuple(s.std))
     cfg = _CONFIGS.get(key)

@@ -16,6 +16,7 @@ Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 
 from .batch import Batch
 from .blockorder import OPEN_BLOCKS, BlockOrder, expected_distinct, global_batch_diversity
+from .images import DECODE_RULES, VisionConfig
 from .mmpack import MMPack, mm_pad_batch
 from .pack import ALGORITHMS, Pack, pad_row, pad_rows
 from .policy import ON_ERROR, skip_hint
@@ -23,7 +24,7 @@ from .rows import IGNORE_INDEX, LABELS, PartProvenance, Provenance, provenance_e
 from .shuffle import WindowShuffle
 from .skips import MAX_DETAIL_ROWS, SKIP_SHARE_WARNING, SkipCounter, SkipShareWarning, lane_share, reason_class
 from .tokenize import SPLIT_MODES, FetchTokenize, TokDoc, part_span
-from .vision import DECODE_RULES, FetchVision, LayoutSpan, MMDoc, VisionConfig, sample_layout
+from .vision import FetchVision, LayoutSpan, MMDoc, sample_layout
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
 
 __all__ = [

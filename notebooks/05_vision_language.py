@@ -46,7 +46,7 @@ import zephon
 from zephon import Recipe, WorkerConfig, batch_sha256
 from zephon.tools.demo import TOKENIZER_DIR
 from zephon.tools.display import explain, show, unpatchify
-from zephon.nodes.vision import patchify
+from zephon.nodes.images import patchify
 from zephon.tools.synth import generate_image_text, make_demo_corpus, make_vision_corpus, write_wds
 
 root = tempfile.mkdtemp(prefix="zephon-vl-")
@@ -235,7 +235,7 @@ print("un-patchify -> patchify round trip exact for all", len(sizes), "images:",
 # %%
 import hashlib
 
-from zephon.nodes.vision import preprocess_image
+from zephon.nodes.images import preprocess_image
 
 row = next(r for r in range(len(batch["input"])) for s in view.provenance(r) if s["file"].endswith(".tar"))
 sample = next(s for s in view.provenance(row) if s["file"].endswith(".tar"))

@@ -32,7 +32,7 @@ pytest.importorskip("torchtitan")
 from vl_fixtures import vl_config, write_vl_root
 
 from zephon import Recipe
-from zephon.nodes.vision import patchify, smart_resize
+from zephon.nodes.images import patchify, smart_resize
 
 
 def _stub(name: str, **attrs) -> None:

@@ -20,7 +20,7 @@ from PIL import Image
 
 from zephon.data.datasets.multimodal import index_multimodal
 from zephon.data.datasets.wds import IMAGE_EXTS, tar_member_role
-from zephon.nodes.vision import VisionConfig, decode_image, decode_pixels, patchify, preprocess_patches
+from zephon.nodes.images import VisionConfig, decode_image, decode_pixels, patchify, preprocess_patches
 from zephon.recipe.parse import read_table
 from zephon.recipe.spec import DATA_VERSION, VisionTable, versioned_default
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from zephon.nodes.vision import VisionConfig, patchify, preprocess_image, preprocess_patches
+from zephon.nodes.images import VisionConfig, patchify, preprocess_image, preprocess_patches
 
 CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
 

@@ -17,7 +17,7 @@ from text_fixtures import write_corpus, write_recipe
 
 from zephon import Recipe
 from zephon.recipe import DATA_VERSION
-from zephon.recipe.prepare import lane_steps_key
+from zephon.recipe.lanesteps import lane_steps_key
 
 STOP = 'policy = "stop"\n'
 

@@ -13,6 +13,7 @@ from zephon import Recipe, RecipeError, WorkerConfig
 from zephon.data import BUNDLED_TOKENIZER
 from zephon.nodes import WindowShuffle
 from zephon.recipe import parse_recipe
+from zephon.recipe.budget import memory_budget
 
 
 def old_default_vl(**over):
@@ -42,7 +43,7 @@ def test_old_default_vl_recipe_is_refused_under_version_1_naming_keys_and_number
 def test_default_vl_buffer_fits_from_version_2(monkeypatch):
     monkeypatch.delenv("ZEPHON_MEMORY_GB", raising=False)
     spec = parse_recipe(old_default_vl(data_version=2), "/data")
-    b = spec.memory_budget()
+    b = memory_budget(spec)
     assert spec.shuffle.buffer == 20  # 5 micro-batches of 4 rows: <= 1 GiB worst case
     assert b.window_bytes <= 1 << 30 and b.row_bytes == 2049 * (54 + 4 * 1536 * 4)
     # the whole recipe on one rank (8 lanes, prefetch) fits the default limit
@@ -61,7 +62,7 @@ def test_memory_limit_from_the_recipe_or_the_environment(monkeypatch):
     monkeypatch.setenv("ZEPHON_MEMORY_GB", "0.05")
     with pytest.raises(RecipeError, match="memory limit of 0.05 GB"):
         parse_recipe(text, "/data")
-    assert parse_recipe(text | {"memory_gb": 1}, "/data").memory_budget().limit_gb == 1
+    assert memory_budget(parse_recipe(text | {"memory_gb": 1}, "/data")).limit_gb == 1
     monkeypatch.setenv("ZEPHON_MEMORY_GB", "lots")
     with pytest.raises(RecipeError, match="ZEPHON_MEMORY_GB"):
         parse_recipe(text, "/data")

@@ -13,7 +13,7 @@ import pytest
 from zephon import Recipe, RecipeError
 from zephon.data import TextTokenizer, index_dataset
 from zephon.recipe import LIMITS, max_workers
-from zephon.recipe.prepare import ESTIMATE_BYTES, estimate_tokens
+from zephon.recipe.estimate import ESTIMATE_BYTES, estimate_tokens
 from zephon.tools.demo import TOKENIZER_DIR
 from zephon.tools.synth import generate_documents
 

@@ -13,10 +13,10 @@ from zephon.data import BUNDLED_TOKENIZER
 from zephon.engine import WorkerConfig
 from zephon.nodes import VisionConfig
 from zephon.recipe import RecipeError
+from zephon.recipe.keys import LIMITS, as_list, key, keys, meta
 from zephon.recipe.parse import parse_recipe, read_table
 from zephon.recipe.spec import (
     DATASET_KEYS,
-    LIMITS,
     TOP_KEYS,
     VISION_KEYS,
     DatasetSpec,
@@ -31,9 +31,6 @@ from zephon.recipe.spec import (
     VisionTable,
     WorkersSpec,
     WorkersTable,
-    key,
-    keys,
-    meta,
     versioned_default,
 )
 
@@ -183,10 +180,8 @@ def test_a_new_key_at_its_default_keeps_the_data_definition():
         flush_every: int = key(512, doc="b")
         lookahead: int = key(0, new=True, doc="c")
 
-    from zephon.recipe.spec import _as_list
-
-    assert _as_list(Pack2()) == ["greedy", 512]
-    assert _as_list(Pack2(lookahead=4)) == ["greedy", 512, {"lookahead": 4}]
+    assert as_list(Pack2()) == ["greedy", 512]
+    assert as_list(Pack2(lookahead=4)) == ["greedy", 512, {"lookahead": 4}]
     spec = parse_recipe(dict(MINIMAL, data_version=1), "/data")
     assert spec.data_definition()["pack"] == ["greedy", 512, 8] and spec.data_definition()["shuffle"] == 1024
     assert "max_record_bytes" not in spec.data_definition()["datasets"][0]

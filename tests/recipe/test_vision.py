@@ -25,7 +25,8 @@ from zephon.data.datasets import DataError, index_multimodal
 from zephon.engine.mapper import OrderedMapper
 from zephon.engine.testing import check_node
 from zephon.nodes import MMPack, SkipCounter
-from zephon.nodes.vision import VisionConfig, decode_image, mrope_positions, patchify, preprocess_image, smart_resize
+from zephon.nodes.images import VisionConfig, decode_image, patchify, preprocess_image, smart_resize
+from zephon.nodes.vision import mrope_positions
 from zephon.nodes.worksource import LaneWorkSource
 from zephon.tools.demo import TOKENIZER_DIR
 from zephon.tools.synth import generate_image_text, write_wds

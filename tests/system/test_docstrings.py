@@ -90,7 +90,7 @@ def test_the_check_sees_the_api(api):
         "zephon.engine.router.GlobalLoader",
         "zephon.nodes.mmpack.MMPack",
         "zephon.tools.provenance.provenance",
-        "zephon.nodes.vision.VisionConfig.patch_dim",
+        "zephon.nodes.images.VisionConfig.patch_dim",
         "zephon.engine.accumulator.Accumulator.emit",
     ):
         assert name in api, name

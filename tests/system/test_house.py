@@ -23,11 +23,6 @@ MAX_FUNCTION_LINES = 80
 ALLOWED: dict[str, str] = {
     "zephon/integrations/torchtitan.py": "TorchTitan's BaseDataLoader contract: the Config with one docstring per "
     "field (a third of the file), the loader and its state protocol; the demo configs are apart",
-    # grew past the limit with issue 20/21 (merged at the end of session 5); split next:
-    "zephon/recipe/spec.py": "to split: the memory budget (MemoryBudget, memory_budget) into recipe/budget.py",
-    "zephon/recipe/prepare.py": "to split: token estimation and the lane-steps cache into their own modules",
-    "nodes/vision.py": "to split: image decoding (decode_pixels and its modes) into nodes/decode.py",
-    "zephon/data/datasets/resolve.py:resolve_files": "to split: remote retries and own-file filtering",
 }
 
 

@@ -20,7 +20,7 @@ from PIL import Image
 from vl_fixtures import vl_config, write_vl_root
 
 from zephon import Recipe
-from zephon.nodes.vision import patchify
+from zephon.nodes.images import patchify
 from zephon.tools.display import denormalize, row_images, show, thumbnail_size, unpatchify
 
 LABEL = re.compile(r"\[image (\d+): (\d+)x(\d+), (\d+) tokens\]")
@@ -336,7 +336,7 @@ def cited_value(seg):
 def test_provenance_reproduces_every_sample_from_its_source(recipe, batches):
     import hashlib
 
-    from zephon.nodes.vision import preprocess_image
+    from zephon.nodes.images import preprocess_image
     from zephon.tools.display import provenance
 
     p = recipe.prepare()

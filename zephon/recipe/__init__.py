@@ -1,7 +1,8 @@
 """Assembly: a recipe describes a whole pipeline; this layer turns it into lanes.
 
 One module per job: :mod:`~zephon.recipe.spec` (the schema: frozen dataclasses, each
-key declared once), :mod:`~zephon.recipe.parse` (TOML into the schema, and the cross-field
+key declared once, the way :mod:`~zephon.recipe.keys` says), :mod:`~zephon.recipe.budget` (the
+worst-case memory of a recipe), :mod:`~zephon.recipe.parse` (TOML into the schema, and the cross-field
 rules), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the work plan),
 :mod:`~zephon.recipe.build` (each lane's pipeline of operators),
 :mod:`~zephon.recipe.migrations` (how lane states moved between checkpoint formats), and
@@ -10,18 +11,19 @@ rules), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the 
 :mod:`~zephon.recipe.ledger` (the batch ledger's file format and :class:`LedgerWriter`).
 """
 
+from .budget import MemoryBudget
 from .build import RecipeLanes, build_lane
+from .estimate import BadSamplesWarning, TokenEstimate, bad_samples_message, estimate_tokens
+from .keys import LIMITS, max_workers
 from .ledger import LEDGER_DIR, LEDGER_GLOB, LEDGER_VERSION, LedgerWriter, dataset_tokens, ledger_file
 from .migrations import LANE_MIGRATIONS
 from .parse import parse_recipe
-from .prepare import BadSamplesWarning, Prepared, TokenEstimate, bad_samples_message, estimate_tokens, prepare
+from .prepare import Prepared, prepare
 from .recipe import Recipe
 from .runtime import RankBatches
 from .spec import (
     DATA_VERSION,
-    LIMITS,
     DatasetSpec,
-    MemoryBudget,
     MixingSpec,
     PackSpec,
     RecipeError,
@@ -30,7 +32,6 @@ from .spec import (
     TokenizerSpec,
     VisionSpec,
     WorkersSpec,
-    max_workers,
 )
 
 __all__ = [

@@ -14,7 +14,7 @@ checkpoint saves and a resume adopts) and the recipe's lane-state migrations.
 
 A finite recipe (every dataset ``policy = "stop"``) is a lane set with an end
 (``end = "pad"`` by default, or ``"drop"``): its per-lane micro-batch counts come from a dry run
-of every lane, cached on disk (:func:`zephon.recipe.prepare.cached_lane_steps`) and carried in
+of every lane, cached on disk (:func:`zephon.recipe.lanesteps.cached_lane_steps`) and carried in
 every checkpoint. With ``"pad"`` a lane's last partial micro-batch is completed with padding
 rows (no row is lost) and an ended lane delivers a micro-batch of padding rows.
 """
@@ -43,8 +43,9 @@ from zephon.nodes import (
     pad_rows,
 )
 
+from .lanesteps import cached_lane_steps
 from .migrations import LANE_MIGRATIONS
-from .prepare import Prepared, cached_lane_steps, fingerprint_of
+from .prepare import Prepared, fingerprint_of
 from .spec import DATA_VERSION, RecipeError, RecipeSpec
 
 __all__ = ["RecipeLanes", "build_lane", "max_doc_tokens", "pad_item", "prefetch_depth"]

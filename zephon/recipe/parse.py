@@ -33,14 +33,13 @@ from zephon.data import FORMATS, MM_FORMATS
 from zephon.engine import WorkerConfig
 from zephon.nodes import VisionConfig, WeightSchedule
 
+from .budget import VL_WINDOW_BYTES, memory_budget, size
+from .keys import LIMITS, Key, keys, meta
 from .spec import (
     DATA_VERSION,
-    LIMITS,
     VERSIONED,
     VISION_TOKENS,
-    VL_WINDOW_BYTES,
     DatasetSpec,
-    Key,
     MixingSpec,
     PackSpec,
     PhaseTable,
@@ -53,9 +52,6 @@ from .spec import (
     VisionTable,
     WorkersSpec,
     WorkersTable,
-    keys,
-    meta,
-    size,
     versioned_default,
 )
 
@@ -436,7 +432,7 @@ def _rule_vl_buffer(spec: RecipeSpec, given: bool) -> RecipeSpec:
     version 1's 1024 rows held ~50 GB per lane at seq_len 2048. From the recipe's data keys only."""
     if given or not spec.multimodal or spec.data_version < 2:
         return spec
-    micro = spec.memory_budget().micro_batch_bytes
+    micro = memory_budget(spec).micro_batch_bytes
     buffer = min(_default_buffer(), max(1, VL_WINDOW_BYTES // micro) * spec.rows_per_lane)
     return dataclasses.replace(spec, shuffle=dataclasses.replace(spec.shuffle, buffer=buffer))
 
@@ -446,10 +442,10 @@ def _default_buffer() -> int:
 
 
 def _rule_memory(spec: RecipeSpec) -> None:
-    """One lane's worst-case bytes (:meth:`RecipeSpec.memory_budget`: the shuffle window's rows
+    """One lane's worst-case bytes (:func:`~zephon.recipe.budget.memory_budget`: the shuffle window's rows
     with their pixels, the micro-batch being built, samples in flight) fit the memory limit; the
     error names the numbers and the keys to change, with the largest ``[shuffle] buffer`` that fits."""
-    b = spec.memory_budget()
+    b = memory_budget(spec)
     limit = int(b.limit_gb * 1e9)
     if b.lane_bytes <= limit:
         return

@@ -7,27 +7,20 @@ every checkpoint: :meth:`Prepared.adopt` returns the :class:`Prepared` a resumed
 a resume never silently re-derives them, and it refuses a checkpoint whose files or tokenizer
 changed, naming what changed.
 
-A finite recipe also needs, before its first step, how many micro-batches each lane holds (the
-end of the data is a global step boundary, see :class:`zephon.engine.end.LaneEnd`). That count is a
-pass over the data; :func:`cached_lane_steps` keeps it on disk next to the dataset indexes,
-keyed by the recipe's fingerprint and token estimates, so it is paid once per data definition.
+Token estimation is :mod:`zephon.recipe.estimate`; a finite recipe's per-lane step counts, kept
+on disk per data definition, are :mod:`zephon.recipe.lanesteps`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
-import importlib.metadata
 import json
 import logging
 import math
-import os
-import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
@@ -39,166 +32,25 @@ from zephon.data import (
     ImageTextShardIndex,
     ShardIndex,
     TextTokenizer,
-    default_cache_dir,
     index_dataset,
     index_multimodal,
 )
-from zephon.engine import IndexPermutation, StateError, stable_u64
-from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WorkPlan, reason_class
+from zephon.engine import StateError
+from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WorkPlan
 
+from .estimate import BadSamplesWarning, TokenEstimate, all_bad_error, bad_samples_message, estimate_tokens
 from .spec import DatasetSpec, RecipeError, RecipeSpec
 
 __all__ = [
-    "BadSamplesWarning",
     "Prepared",
-    "TokenEstimate",
-    "bad_samples_message",
-    "cached_lane_steps",
-    "estimate_tokens",
     "fingerprint_of",
     "index_kwargs",
-    "lane_steps_key",
     "prepare",
     "record_weights",
     "work_plan",
 ]
 
 _LOG = logging.getLogger("zephon")
-
-
-#: bytes of each sampled text that token estimation tokenizes (a longer text is measured on its
-#: start and extrapolated): estimation costs at most this per sampled record
-ESTIMATE_BYTES = 64 << 10
-
-
-@dataclass(frozen=True)
-class TokenEstimate:
-    """Measured tokens per record byte (content) and fixed tokens per record (BOS/EOS), from
-    ``sampled`` good records; ``bad`` counts the sampled records that were bad, by reason class,
-    with an example reason each (not part of the estimate: a checkpoint stores the first three)."""
-
-    tokens_per_byte: float
-    tokens_per_record: float
-    sampled: int
-    bad: Mapping[str, tuple[int, str]] = field(default_factory=dict, compare=False)
-
-
-def _estimation_sample(
-    index: ShardIndex, *, seed: int, samples: int, ds_number: int
-) -> Iterator[tuple[int, list[int]]]:
-    """The seeded sample of records token estimation reads: ``(shard, [local record, ...])``
-    per shard, in shard order (the same sample on every rank and every run)."""
-    n = index.num_records
-    k = min(samples, n)
-    perm = IndexPermutation(n, stable_u64("token-estimate", seed, ds_number))
-    picks = np.sort(perm.take(np.arange(k)))
-    offsets = index.shard_offsets()
-    shards = np.searchsorted(offsets, picks, side="right") - 1
-    for s in np.unique(shards):
-        yield int(s), (picks[shards == s] - offsets[s]).tolist()
-
-
-def _head(text: str) -> tuple[str, float]:
-    """``text``, or its first :data:`ESTIMATE_BYTES` bytes (whole characters), and the share of
-    the text's bytes that is."""
-    if len(text) <= ESTIMATE_BYTES // 4:  # at most 4 bytes per character: short for sure
-        return text, 1.0
-    raw = text.encode("utf-8")
-    if len(raw) <= ESTIMATE_BYTES:
-        return text, 1.0
-    head = raw[:ESTIMATE_BYTES].decode("utf-8", "ignore")
-    return head, len(head.encode("utf-8")) / len(raw)
-
-
-def estimate_tokens(
-    index: ShardIndex, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int
-) -> TokenEstimate:
-    """Tokens per text byte of a dataset, from a seeded sample of its records (text documents,
-    or the captions and text entries of image-text samples), tokenized in one call.
-
-    The bytes are the ones the plan weighs a record by: the indexed record size for text, the
-    UTF-8 size of the text segments for image-text records (their images are counted exactly
-    elsewhere, from the indexed image sizes). A text longer than :data:`ESTIMATE_BYTES` is
-    measured on its first :data:`ESTIMATE_BYTES` and extrapolated, so one huge record cannot
-    make estimation slow or costly. Bad records are not sampled: they are counted in ``bad``."""
-    texts: list[str] = []
-    shares: list[float] = []
-    nbytes = records = 0
-    bad: dict[str, list[Any]] = {}
-    for s, local in _estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
-        sizes = index.record_bytes(s)
-        for r, rec in zip(local, index.read(s, local)):
-            if isinstance(rec, str):
-                segs = [rec]
-                nbytes += int(sizes[r])
-            elif getattr(rec, "segments", None) is not None:
-                segs = [seg for seg in rec.segments if isinstance(seg, str) and seg]
-                nbytes += sum(len(seg.encode("utf-8")) for seg in segs)
-            else:  # a bad record: not sampled, but counted
-                reason = str(getattr(rec, "reason", rec))
-                entry = bad.setdefault(reason_class(reason), [0, reason])
-                entry[0] += 1
-                continue
-            for seg in segs:
-                head, share = _head(seg)
-                texts.append(head)
-                shares.append(share)
-            records += 1
-    per_record = (1 if tokenizer.add_bos else 0) + (1 if tokenizer.add_eos else 0)
-    bad_counts = {k: (int(v[0]), str(v[1])) for k, v in bad.items()}
-    if not texts or nbytes == 0:
-        return TokenEstimate(1.0, float(per_record), records, bad_counts)
-    lengths = [len(ids) for ids in tokenizer.encode_content(texts)]
-    content: float = sum(n for n, f in zip(lengths, shares) if f == 1.0)
-    if any(f != 1.0 for f in shares):  # the texts measured on their start, extrapolated
-        content += sum(n / f for n, f in zip(lengths, shares) if f != 1.0)
-    return TokenEstimate(max(content, 1) / nbytes, float(per_record), records, bad_counts)
-
-
-def _bad_summary(est: TokenEstimate) -> str:
-    """The bad records estimation sampled: the most common reason with its count and an
-    example, then up to three others."""
-    ranked = sorted(est.bad.items(), key=lambda kv: (-kv[1][0], kv[0]))
-    top, (n, example) = ranked[0]
-    more = f"; also: {', '.join(f'{c} x {k!r}' for k, (c, _) in ranked[1:4])}" if len(ranked) > 1 else ""
-    return f"most often ({n} x) {top!r}, e.g. {example!r}{more}"
-
-
-def _all_bad_error(name: str, est: TokenEstimate, on_error: str) -> RecipeError:
-    """Every record token estimation sampled is bad: the dataset cannot deliver (in skip mode it
-    would skip forever), so the run fails before it starts, naming the most common reason."""
-    total = sum(n for n, _ in est.bad.values())
-    return RecipeError(
-        f"recipe: dataset {name!r}: all {total} records sampled for token estimation are bad, {_bad_summary(est)}. "
-        "The dataset cannot deliver a document"
-        + (' (on_error = "skip" would skip its records forever)' if on_error == "skip" else "")
-        + ". Fix the data or the dataset's settings (text_field, format, path, max_record_bytes)."
-    )
-
-
-class BadSamplesWarning(UserWarning):
-    """Token estimation sampled bad records of a dataset: said before the run starts."""
-
-
-def bad_samples_message(s: DatasetSpec, est: TokenEstimate) -> str | None:
-    """What to say before the run when estimation sampled some bad records of dataset ``s``
-    (None when it saw none): counts, the first reasons with an example, and what it does to the
-    mix (skipped records deliver no tokens: the dataset's realized share falls below its weight)."""
-    bad = sum(n for n, _ in est.bad.values())
-    if not bad:
-        return None
-    seen = bad + est.sampled
-    effect = (
-        f"about {bad / seen:.0%} of its records will be skipped, and its realized share of the "
-        "batches will fall below its declared weight by about as much"
-        if s.on_error == "skip"
-        else 'with on_error = "raise" the run stops at the first one'
-    )
-    return (
-        f"dataset {s.name!r}: {bad} of {seen} records sampled for token estimation are bad ({bad / seen:.1%}), "
-        f"{_bad_summary(est)}; {effect}. Check the data and the dataset's settings (text_field = {s.text_field!r}, "
-        f"format, max_record_bytes)."
-    )
 
 
 class _PerShard:
@@ -458,7 +310,7 @@ def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
     }
     for s in spec.datasets:
         if estimates[s.name].sampled == 0 and estimates[s.name].bad:
-            raise _all_bad_error(s.name, estimates[s.name], s.on_error)
+            raise all_bad_error(s.name, estimates[s.name], s.on_error)
         said = bad_samples_message(s, estimates[s.name])
         if said is not None:
             warnings.warn(said, BadSamplesWarning, stacklevel=2)
@@ -495,125 +347,3 @@ def fingerprint_of(spec: RecipeSpec, indexes: Sequence[ShardIndex], tok: TextTok
         h.update(ix.fingerprint.encode())
     h.update(tok.fingerprint.encode())
     return h.hexdigest()[:32]
-
-
-#: what a cached lane-count file holds: bump when counting changes (old files are then recounted)
-LANE_STEPS_FORMAT = 2
-
-
-def _zephon_version() -> str:
-    try:
-        return importlib.metadata.version("zephon")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
-        return "unknown"
-
-
-def lane_steps_key(p: Prepared) -> str:
-    """What a finite recipe's per-lane step counts depend on: its fingerprint (data definition,
-    files, tokenizer, end mode), the token estimates its plan was made with, its data version
-    and the zephon version that counts (another version may pack, hence count, differently)."""
-    est = json.dumps(
-        {k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(p.estimates.items())},
-        sort_keys=True,
-    )
-    ver = f"{LANE_STEPS_FORMAT}\0{_zephon_version()}\0{p.spec.data_version}"
-    return hashlib.sha256(f"{p.fingerprint}\0{est}\0{ver}".encode()).hexdigest()[:32]
-
-
-def _read_counts(path: str, p: Prepared, key: str) -> list[int] | None:
-    """The counts in ``path`` if the file is whole and was written for exactly this recipe,
-    data version and zephon version (its own record says so); None otherwise (count again)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            rec = json.load(f)
-        got = rec.get("lane_steps")
-        mine = (rec.get("key"), rec.get("fingerprint"), rec.get("lanes"), rec.get("end"), rec.get("zephon"))
-    except (OSError, ValueError, AttributeError):
-        return None
-    if mine != (key, p.fingerprint, p.spec.lanes, p.spec.end, _zephon_version()):
-        return None
-    if isinstance(got, list) and len(got) == p.spec.lanes and all(type(n) is int and n >= 0 for n in got):
-        return got
-    return None
-
-
-def _write_counts(path: str, record: dict[str, Any]) -> bool:
-    """Write ``record`` to ``path`` atomically; False (with a warning, nothing left behind) where
-    the folder is full or read-only: the counts are still used, just not kept."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(record, f)
-        os.replace(tmp, path)
-        return True
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        warnings.warn(
-            f"zephon: cannot write the lane step cache {path!r} ({e}); the counts are used but not kept. "
-            "Free space there or set ZEPHON_CACHE_DIR to a writable directory.",
-            stacklevel=3,
-        )
-        return False
-
-
-def cached_lane_steps(p: Prepared, count: Callable[[], Sequence[int]]) -> list[int]:
-    """The micro-batches each lane of the finite recipe ``p`` holds: from the cache folder
-    (the recipe's ``cache_dir``, else ``$ZEPHON_CACHE_DIR`` / ``~/.cache/zephon/index``) when
-    there, else ``count()`` (a dry run of every lane) stored there under a file lock, so that
-    the ranks of one node sharing the folder count once and the others wait and read it.
-
-    The count is a pass over the data (read, tokenize, pack: what one epoch of loading costs,
-    with the rank's workers); the file is keyed by :func:`lane_steps_key`, so any change of
-    the data definition (or of the data or zephon version) counts again; a full or read-only
-    folder counts without keeping the result."""
-    folder = p.spec.cache_dir or default_cache_dir()
-    key = lane_steps_key(p)
-    path = os.path.join(folder, f"lane_steps-{key}.json")
-    lanes = p.spec.lanes
-    got = _read_counts(path, p, key)
-    if got is not None:
-        return got
-    try:
-        os.makedirs(folder, exist_ok=True)
-        lock = open(path + ".lock", "a+")
-    except OSError as e:
-        warnings.warn(
-            f"zephon: cannot write the lane step cache in {folder!r} ({e}); counting without caching. "
-            "Set ZEPHON_CACHE_DIR to a writable directory.",
-            stacklevel=2,
-        )
-        return [int(n) for n in count()]
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the ranks of a node: one counts, the others wait and read
-        try:
-            got = _read_counts(path, p, key)
-            if got is not None:
-                return got
-            t0 = time.perf_counter()
-            got = [int(n) for n in count()]
-            seconds = time.perf_counter() - t0
-            record = {
-                "key": key,
-                "fingerprint": p.fingerprint,
-                "lanes": lanes,
-                "end": p.spec.end,
-                "zephon": _zephon_version(),
-                "data_version": p.spec.data_version,
-                "lane_steps": got,
-                "count_seconds": round(seconds, 3),
-            }
-            if not _write_counts(path, record):
-                return got
-            _LOG.info(
-                "zephon: counted the micro-batches of the %d lanes of a finite recipe in %.1f s (%d..%d per lane); "
-                "cached in %s",
-                lanes,
-                seconds,
-                min(got),
-                max(got),
-                path,
-            )
-            return got
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -28,10 +28,12 @@ from zephon.engine.lanes import check_world_size
 from zephon.engine.router import GlobalLoader, Router
 from zephon.nodes import VisionConfig, WeightSchedule
 
+from .budget import MemoryBudget, memory_budget, size
 from .build import RecipeLanes, build_lane, prefetch_depth
+from .estimate import TokenEstimate
 from .parse import parse_recipe
-from .prepare import Prepared, TokenEstimate, prepare
-from .spec import DatasetSpec, MemoryBudget, RecipeError, RecipeSpec, size
+from .prepare import Prepared, prepare
+from .spec import DatasetSpec, RecipeError, RecipeSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -243,12 +245,12 @@ class Recipe:
     def memory_budget(self) -> MemoryBudget:
         """The most bytes one lane holds, worst case (the shuffle window's rows with their
         pixels, the micro-batch being built, samples in flight); ``describe`` says it in a line."""
-        return self.spec.memory_budget()
+        return memory_budget(self.spec)
 
     def check_memory(self, world_size: int, lanes: int | None = None, prefetch: int | None = None) -> None:
         """Refuse a loader whose ``lanes`` (default: one rank's share at ``world_size``) with
         ``prefetch`` local batches ahead would hold more than the memory limit, worst case."""
-        b = self.spec.memory_budget()
+        b = memory_budget(self.spec)
         lanes = self.lanes // world_size if lanes is None else lanes
         prefetch = self.prefetch_depth(world_size) if prefetch is None else prefetch
         need = b.rank_bytes(lanes, prefetch)

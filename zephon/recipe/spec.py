@@ -2,15 +2,17 @@
 
 Every recipe key is one dataclass field, and its :func:`key` metadata says all the parser
 (:mod:`zephon.recipe.parse`) needs: the default (the field's own), the smallest value, the
-largest (a name in :data:`LIMITS`), the choices, and a one-line doc. The allowed keys of each
+largest (a name in :data:`~zephon.recipe.keys.LIMITS`), the choices, and a one-line doc. The allowed keys of each
 section (:func:`keys`, :data:`TOP_KEYS`, :data:`DATASET_KEYS`, :data:`VISION_KEYS`) are the
-fields; an empty section parses to the dataclass defaults.
+fields; an empty section parses to the dataclass defaults. How a key is declared (:func:`key`,
+its :class:`~zephon.recipe.keys.Key` and the bounds in :data:`~zephon.recipe.keys.LIMITS`) lives
+in :mod:`zephon.recipe.keys`; what the recipe costs in memory in :mod:`zephon.recipe.budget`.
 
 **Adding a key is one line** in its section's dataclass, e.g. in :class:`PackSpec`::
 
     lookahead: int = key(0, hi="lookahead", doc="rows a packer may look ahead", new=True)
 
-(plus ``"lookahead": N`` in :data:`LIMITS` if it has an upper bound). ``new=True`` keeps the
+(plus ``"lookahead": N`` in :data:`~zephon.recipe.keys.LIMITS` if it has an upper bound). ``new=True`` keeps the
 fingerprints, caches and checkpoints of recipes that leave the key at its default: the key enters
 :meth:`RecipeSpec.data_definition` only when set to another value. A ``[vision]`` image setting is
 a field of :class:`zephon.nodes.VisionConfig` plus its line in :class:`VisionTable` (the default
@@ -29,31 +31,27 @@ rules in :mod:`zephon.recipe.parse`.
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from zephon.data import DEFAULT_MAX_RECORD_BYTES, EMPTY, KINDS, SAME_FILE, TEXT_MODES
 from zephon.engine import WorkerConfig
 from zephon.engine.end import END_MODES
-from zephon.engine.mapper import MAX_CHUNK_SIZE
 from zephon.engine.workers import BACKENDS
 from zephon.nodes import ALGORITHMS, DECODE_RULES, LABELS, ON_ERROR, POLICIES, SPLIT_MODES, VisionConfig, WeightSchedule
+
+from .keys import as_list, field_default, key, keys, max_workers, off_default
 
 __all__ = [
     "DATASET_KEYS",
     "DATA_VERSION",
-    "LIMITS",
-    "MEMORY_GB_DEFAULT",
     "MIX_BY",
     "TOP_KEYS",
     "VERSIONED",
     "VISION_KEYS",
     "VISION_TOKENS",
     "DatasetSpec",
-    "Key",
-    "MemoryBudget",
     "MixingSpec",
     "PackSpec",
     "PhaseTable",
@@ -66,12 +64,6 @@ __all__ = [
     "VisionTable",
     "WorkersSpec",
     "WorkersTable",
-    "key",
-    "keys",
-    "max_workers",
-    "memory_limit_gb",
-    "meta",
-    "size",
     "versioned_default",
 ]
 
@@ -105,16 +97,6 @@ VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {
     ("VisionTable", "decode"): {2: "exact"},
 }
 
-#: The memory limit (GB, 10**9 bytes) one rank's lanes may hold when neither the recipe's
-#: ``memory_gb`` nor ``$ZEPHON_MEMORY_GB`` says otherwise: what fits a typical training node's
-#: share per GPU. Not part of the data definition: it only decides which recipes are refused.
-MEMORY_GB_DEFAULT = 32.0
-
-#: Data version 2's default ``[shuffle] buffer`` of a vision-language recipe: the most whole
-#: micro-batches (at most 1024 rows, at least one micro-batch) whose worst case fits these
-#: bytes. A function of the recipe's data keys only, never of the machine.
-VL_WINDOW_BYTES = 1 << 30
-
 
 def versioned_default(cls: type, name: str, version: int) -> Any:
     """The default of key ``name`` of section ``cls`` under data version ``version``.
@@ -122,203 +104,15 @@ def versioned_default(cls: type, name: str, version: int) -> Any:
     >>> versioned_default(PackSpec, "flush_every", 1)
     512
     """
-    out = _default(cls, name)
+    out = field_default(cls, name)
     for first, value in sorted(VERSIONED.get((cls.__name__, name), {}).items()):
         if version >= first:
             out = value
     return out
 
 
-#: The largest value each recipe key may take. A larger one is a typo or hostile: it would hang or
-#: exhaust memory before the first batch (10**9 lanes, a 10**9-token row, a shuffle window of
-#: 10**9 rows). The error names the key and the bound. Products are bounded too (see parse_recipe):
-#: one lane's micro-batch holds at most ``lane_tokens`` tokens, one lane's shuffle window at
-#: most ``shuffle_tokens`` (about 30 bytes each).
-LIMITS: Mapping[str, int] = {
-    "seed": 2**64 - 1,
-    "lanes": 65536,
-    "seq_len": 1 << 20,
-    "global_batch_size": 1 << 20,
-    "lane_tokens": 1 << 24,
-    "shuffle_tokens": 1 << 27,
-    "buffer": 1 << 20,
-    "flush_every": 1_000_000,
-    "max_open": 1024,
-    "estimate_samples": 100_000,
-    "split_tokens": 1 << 31,
-    "chunk_size": MAX_CHUNK_SIZE,
-    "vision_chunk_size": 1024,
-    "timeout_s": 86400,
-    "prefetch": 1024,
-    "epochs": 1_000_000,
-    "max_skipped": 2**53,
-    "max_record_bytes": 1 << 30,
-    "step": 2**53,
-    "weight": 10**9,
-    "patch_size": 1024,
-    "merge_size": 64,
-    "temporal_patch_size": 64,
-    "pixels": 1 << 32,
-    "images": 65536,
-    "memory_gb": 1 << 20,
-}
-
-
-def memory_limit_gb(given: float | None = None) -> float:
-    """The memory limit in GB: the recipe's ``memory_gb``, else ``$ZEPHON_MEMORY_GB``, else
-    :data:`MEMORY_GB_DEFAULT`.
-
-    >>> memory_limit_gb(4.0)
-    4.0
-    """
-    if given is not None:
-        return given
-    env = os.environ.get("ZEPHON_MEMORY_GB")
-    if env:
-        try:
-            value = float(env)
-        except ValueError:
-            value = -1.0
-        if not value > 0 or value == float("inf"):
-            raise RecipeError(
-                f"ZEPHON_MEMORY_GB = {env!r} is not a positive number of GB; set e.g. ZEPHON_MEMORY_GB=16"
-            )
-        return value
-    return MEMORY_GB_DEFAULT
-
-
-def max_workers() -> int:
-    """The most workers a pool may have: ``max(64, 4 x CPUs)`` (more only contend for the CPUs
-    and memory; 100,000 would never start)."""
-    return max(64, 4 * (os.cpu_count() or 1))
-
-
 class RecipeError(ValueError):
     """An invalid recipe; the message names the key and the fix."""
-
-
-# -- the metadata of one key -------------------------------------------------------------------
-@dataclass(frozen=True)
-class Key:
-    """How one recipe key is read and checked; kept in its dataclass field's metadata by :func:`key`.
-
-    The value's type is the field's annotation (``int``, ``float``, ``str``, ``bool``, each
-    optionally ``| None``); ``read`` names a reader of :mod:`zephon.recipe.parse` where the
-    annotation does not say it. TOML has no null: ``None`` only ever means "not given".
-    """
-
-    doc: str  #: one line: what the key is for
-    lo: int = 0  #: integers: the smallest value
-    hi: str | Callable[[], int] | None = None  #: the largest value: a name in LIMITS, or a function
-    choices: tuple[str, ...] | None = None  #: strings: the allowed values
-    positive: bool = False  #: numbers: > 0 rather than >= 0
-    auto: bool = False  #: the string "auto" stands for the default
-    read: str | None = None  #: a reader other than the type's ("globs", "rgb", "table": parsed as a section)
-    derived: str | None = None  #: a default that depends on other keys, set by a rule: which one
-    example: str = "..."  #: what "needs KEY = EXAMPLE" shows when a required key is missing
-    also: tuple[str, ...] = ()  #: further top-level tables that fill this field (``[tokenize]`` -> workers)
-    new: bool = False  #: added after fingerprints were first recorded: in the data definition only off its default
-
-    def limit(self) -> int | None:
-        """The largest value, resolved (:data:`LIMITS`, or ``hi()`` for a bound that depends on
-        the machine, like :func:`max_workers`)."""
-        if self.hi is None:
-            return None
-        return LIMITS[self.hi] if isinstance(self.hi, str) else self.hi()
-
-
-def key(default: Any = dataclasses.MISSING, *, doc: str, factory: Any = dataclasses.MISSING, **how: Any) -> Any:
-    """A dataclass field that is a recipe key: its default (none: the key is required, unless
-    ``derived``), and the :class:`Key` settings ``how`` (``lo``, ``hi``, ``choices``, ...)."""
-    return dataclasses.field(default=default, default_factory=factory, metadata={"key": Key(doc=doc, **how)})
-
-
-def meta(cls: type, name: str) -> Key:
-    """The :class:`Key` of field ``name`` of ``cls``."""
-    return _fields(cls)[name].metadata["key"]
-
-
-def keys(cls: type) -> list[str]:
-    """The keys a section of shape ``cls`` allows, in order: its fields (and the tables they name
-    in ``also``)."""
-    out: list[str] = []
-    for f in dataclasses.fields(cls):
-        out += [f.name, *f.metadata["key"].also]
-    return out
-
-
-def _fields(cls: Any) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(cls)}
-
-
-def _default(cls: Any, name: str) -> Any:
-    """The default of field ``name`` of a dataclass (to take another layer's defaults, not restate them)."""
-    f = _fields(cls)[name]
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    factory: Any = f.default_factory
-    return factory()
-
-
-# -- memory ----------------------------------------------------------------------------------
-#: bytes per token of a row: input, labels, positions (int64), document_ids (int32), dataset (int16)
-TOKEN_BYTES = 30
-#: an image-text row with ``[vision] mrope`` adds mrope_positions (3 x int64) per token
-MROPE_TOKEN_BYTES = 24
-#: image-text work chunks a lane has in flight at most (decoded samples waiting for the packer)
-CHUNKS_IN_FLIGHT = 2
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """The most bytes one lane of a recipe holds, worst case, from its keys alone: the shuffle
-    window, the micro-batch being built (and a packer's open rows), and for image-text lanes the
-    decoded samples in flight. An image-text row counts its ``pixel_values`` too: each image
-    token is ``merge_size**2`` patches of ``patch_dim`` float32s (24,576 bytes with the default
-    ``[vision]``), and every token of a row may be one, unless ``max_images_per_row`` /
-    ``max_images_per_batch`` and ``max_pixels`` bound the images' tokens lower.
-
-    >>> b = MemoryBudget(row_bytes=100, window_rows=4, window_bytes=400, batch_bytes=300,
-    ...                  in_flight_bytes=0, micro_batch_bytes=200, limit_gb=1.0)
-    >>> b.lane_bytes, b.rank_bytes(lanes=2, prefetch=3)
-    (700, 2600)
-    """
-
-    row_bytes: int  #: one row, worst case
-    window_rows: int  #: rows one lane's shuffle window holds (image-text: whole micro-batches)
-    window_bytes: int  #: the shuffle window, worst case
-    batch_bytes: int  #: the micro-batch being built and a packer's open rows
-    in_flight_bytes: int  #: image-text: decoded samples of the chunks in flight
-    micro_batch_bytes: int  #: one lane's micro-batch (what a prefetched local batch holds per lane)
-    limit_gb: float  #: the limit one rank's lanes must fit (``memory_gb``, ``$ZEPHON_MEMORY_GB``)
-
-    @property
-    def lane_bytes(self) -> int:
-        """The bytes one lane holds at most."""
-        return self.window_bytes + self.batch_bytes + self.in_flight_bytes
-
-    def rank_bytes(self, lanes: int, prefetch: int) -> int:
-        """The bytes a rank running ``lanes`` lanes with ``prefetch`` local batches ahead holds."""
-        return lanes * (self.lane_bytes + prefetch * self.micro_batch_bytes)
-
-    def describe(self, lanes: int, prefetch: int) -> str:
-        """One line: the budget per lane, its parts, and a rank's total against the limit."""
-        return (
-            f"memory budget per lane: {size(self.lane_bytes)} (shuffle window {self.window_rows} rows x "
-            f"{size(self.row_bytes)} = {size(self.window_bytes)}; micro-batch being built and open rows "
-            f"{size(self.batch_bytes)}; in flight {size(self.in_flight_bytes)}); {lanes} lane(s) on a rank "
-            f"with {prefetch} batches prefetched: {size(self.rank_bytes(lanes, prefetch))} of the "
-            f"{self.limit_gb:g} GB limit"
-        )
-
-
-def size(n: float) -> str:
-    """Bytes for a message: ``"1.23 GB"``, ``"4.56 MB"`` (powers of 10).
-
-    >>> size(52_690_000_000), size(63_000_000), size(1500)
-    ('52.69 GB', '63.00 MB', '0.00 MB')
-    """
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
 
 
 # -- the sections ------------------------------------------------------------------------------
@@ -429,16 +223,18 @@ class WorkersTable:
     """The ``[workers]`` table: a :class:`WorkerConfig` (whose defaults these are) plus the size of
     a work chunk and the prefetch depth."""
 
-    count: int = key(_default(WorkerConfig, "count"), hi=max_workers, doc="workers per pool (0 = inline)")
-    backend: str = key(_default(WorkerConfig, "backend"), choices=BACKENDS, doc='"thread" or "process" workers')
-    timeout_s: float = key(_default(WorkerConfig, "timeout_s"), positive=True, hi="timeout_s", doc="wait for one task")
+    count: int = key(field_default(WorkerConfig, "count"), hi=max_workers, doc="workers per pool (0 = inline)")
+    backend: str = key(field_default(WorkerConfig, "backend"), choices=BACKENDS, doc='"thread" or "process" workers')
+    timeout_s: float = key(
+        field_default(WorkerConfig, "timeout_s"), positive=True, hi="timeout_s", doc="wait for one task"
+    )
     start_method: str = key(
-        _default(WorkerConfig, "start_method"), doc="multiprocessing start method of process workers"
+        field_default(WorkerConfig, "start_method"), doc="multiprocessing start method of process workers"
     )
     chunk_size: int = key(32, lo=1, hi="chunk_size", doc="documents per tokenize task")
     prefetch: int | str = key("auto", auto=True, hi="prefetch", doc='local batches computed ahead ("auto")')
     shm_mb: int | None = key(
-        _default(WorkerConfig, "shm_mb"), auto=True, doc='MiB of shared memory per process worker ("auto")'
+        field_default(WorkerConfig, "shm_mb"), auto=True, doc='MiB of shared memory per process worker ("auto")'
     )
 
 
@@ -455,40 +251,42 @@ class VisionTable:
     """The ``[vision]`` table: the :class:`~zephon.nodes.VisionConfig` image settings (whose
     defaults these are), the placeholder tokens' text, and the image stage's workers."""
 
-    patch_size: int = key(_default(VisionConfig, "patch_size"), lo=1, hi="patch_size", doc="pixels per patch side")
+    patch_size: int = key(field_default(VisionConfig, "patch_size"), lo=1, hi="patch_size", doc="pixels per patch side")
     temporal_patch_size: int = key(
-        _default(VisionConfig, "temporal_patch_size"), lo=1, hi="temporal_patch_size", doc="frames per patch"
+        field_default(VisionConfig, "temporal_patch_size"), lo=1, hi="temporal_patch_size", doc="frames per patch"
     )
     merge_size: int = key(
-        _default(VisionConfig, "merge_size"), lo=1, hi="merge_size", doc="patches merged per token side"
+        field_default(VisionConfig, "merge_size"), lo=1, hi="merge_size", doc="patches merged per token side"
     )
-    min_pixels: int = key(_default(VisionConfig, "min_pixels"), lo=1, hi="pixels", doc="smallest resized image")
-    max_pixels: int = key(_default(VisionConfig, "max_pixels"), lo=1, hi="pixels", doc="largest resized image")
+    min_pixels: int = key(field_default(VisionConfig, "min_pixels"), lo=1, hi="pixels", doc="smallest resized image")
+    max_pixels: int = key(field_default(VisionConfig, "max_pixels"), lo=1, hi="pixels", doc="largest resized image")
     mean: tuple[float, float, float] = key(
-        _default(VisionConfig, "mean"), read="rgb", doc="per-channel normalization mean"
+        field_default(VisionConfig, "mean"), read="rgb", doc="per-channel normalization mean"
     )
     std: tuple[float, float, float] = key(
-        _default(VisionConfig, "std"), read="rgb", positive=True, doc="per-channel std"
+        field_default(VisionConfig, "std"), read="rgb", positive=True, doc="per-channel std"
     )
     max_image_pixels: int = key(
-        _default(VisionConfig, "max_image_pixels"),
+        field_default(VisionConfig, "max_image_pixels"),
         lo=1,
         hi="pixels",
         doc="source images above this are refused before decoding",
     )
     max_images_per_batch: int = key(
-        _default(VisionConfig, "max_images_per_batch"), lo=1, hi="images", doc="images per lane micro-batch"
+        field_default(VisionConfig, "max_images_per_batch"), lo=1, hi="images", doc="images per lane micro-batch"
     )
-    max_images_per_row: int = key(_default(VisionConfig, "max_images_per_row"), hi="images", doc="0 = no per-row limit")
-    mrope: bool = key(_default(VisionConfig, "mrope"), doc="3-D (t, h, w) rotary position ids")
+    max_images_per_row: int = key(
+        field_default(VisionConfig, "max_images_per_row"), hi="images", doc="0 = no per-row limit"
+    )
+    mrope: bool = key(field_default(VisionConfig, "mrope"), doc="3-D (t, h, w) rotary position ids")
     decode: str = key(
-        _default(VisionConfig, "decode"),
+        field_default(VisionConfig, "decode"),
         choices=DECODE_RULES,
         new=True,
         doc='"exact": alpha onto background, 16-bit/float scaled (data_version 2); "convert": Pillow RGB (1)',
     )
     background: tuple[float, float, float] = key(
-        _default(VisionConfig, "background"), read="rgb", new=True, doc="RGB in [0, 1] under transparent pixels"
+        field_default(VisionConfig, "background"), read="rgb", new=True, doc="RGB in [0, 1] under transparent pixels"
     )
     image_token: str = key("<|image_pad|>", doc="text of an image placeholder token")
     video_token: str = key("<|video_pad|>", doc="text of a video placeholder token")
@@ -523,11 +321,11 @@ class WorkersSpec:
     """
 
     default: WorkerConfig = dataclasses.field(default_factory=WorkerConfig)
-    chunk_size: int = _default(WorkersTable, "chunk_size")
-    prefetch: int | str = _default(WorkersTable, "prefetch")
+    chunk_size: int = field_default(WorkersTable, "chunk_size")
+    prefetch: int | str = field_default(WorkersTable, "prefetch")
     tokenize: WorkerConfig | None = None
     vision: WorkerConfig | None = None
-    vision_chunk_size: int = _default(VisionTable, "chunk_size")
+    vision_chunk_size: int = field_default(VisionTable, "chunk_size")
 
     def for_stage(
         self, stage: str, override: WorkerConfig | None = None, default: WorkerConfig | None = None
@@ -571,7 +369,7 @@ class VisionSpec:
 
     config: VisionConfig = dataclasses.field(default_factory=VisionConfig)
     tokens: Mapping[str, str] = dataclasses.field(
-        default_factory=lambda: {name: _default(VisionTable, f"{name}_token") for name in VISION_TOKENS}
+        default_factory=lambda: {name: field_default(VisionTable, f"{name}_token") for name in VISION_TOKENS}
     )
 
 
@@ -625,54 +423,17 @@ class RecipeSpec:
         """Whether any dataset has images (image-text lanes, :class:`zephon.nodes.MMPack`)."""
         return any(s.kind != "text" for s in self.datasets)
 
-    def memory_budget(self) -> MemoryBudget:
-        """The most bytes one lane holds, worst case (see :class:`MemoryBudget`)."""
-        L, rows = self.seq_len + 1, self.rows_per_lane
-        limit = memory_limit_gb(self.memory_gb)
-        if not self.multimodal:
-            row = L * TOKEN_BYTES
-            return MemoryBudget(
-                row_bytes=row,
-                window_rows=self.shuffle.buffer,
-                window_bytes=self.shuffle.buffer * row,
-                batch_bytes=(rows + self.pack.max_open) * row,
-                in_flight_bytes=0,
-                micro_batch_bytes=rows * row,
-                limit_gb=limit,
-            )
-        c = self.vision.config
-        per_token = TOKEN_BYTES + (MROPE_TOKEN_BYTES if c.mrope else 0)
-        pixels = c.merge_size**2 * c.patch_dim * 4  # float32 patches per image token
-        per_image = max(1, c.max_pixels // (c.factor * c.factor))  # smart resize keeps h x w <= max_pixels
-        batch_cap = c.max_images_per_batch * per_image  # a micro-batch's images, so a row's and a sample's too
-        row_images = (
-            min(L, batch_cap) if c.max_images_per_row == 0 else min(L, batch_cap, c.max_images_per_row * per_image)
-        )
-        batch_images = min(rows * row_images, batch_cap)
-        row = L * per_token + row_images * pixels
-        micro = rows * L * per_token + batch_images * pixels
-        micro_batches = -(-self.shuffle.buffer // rows)
-        return MemoryBudget(
-            row_bytes=row,
-            window_rows=micro_batches * rows,
-            window_bytes=micro_batches * micro,
-            batch_bytes=micro,
-            in_flight_bytes=CHUNKS_IN_FLIGHT * self.workers.vision_chunk_size * row,  # a sample fits one row
-            micro_batch_bytes=micro,
-            limit_gb=limit,
-        )
-
     def data_definition(self) -> dict[str, Any]:
         """Everything that defines the data (not workers, not the cache folder, not paths: the
         files enter the fingerprint through their own metadata)."""
         datasets = []
         for s in self.datasets:
-            d = _off_default(DatasetSpec, dataclasses.asdict(s)) | {"path": None}
+            d = off_default(DatasetSpec, dataclasses.asdict(s)) | {"path": None}
             if s.kind == "text":
                 for k in _MM_ONLY_KEYS:
                     d.pop(k)
             datasets.append(d)
-        shuffle = _as_list(self.shuffle)
+        shuffle = as_list(self.shuffle)
         out = {
             "seed": self.seed,
             "lanes": self.lanes,
@@ -680,13 +441,13 @@ class RecipeSpec:
             "global_batch_size": self.global_batch_size,
             "tokenizer": {"add_bos": self.tokenizer.add_bos, "add_eos": self.tokenizer.add_eos},
             "datasets": datasets,
-            "pack": _as_list(self.pack),
+            "pack": as_list(self.pack),
             "shuffle": shuffle[0] if len(shuffle) == 1 else shuffle,  # one key: a number, as it always was
-            "mixing": _as_list(self.mixing),
+            "mixing": as_list(self.mixing),
             "schedule": self.schedule.phases,
         }
         if self.multimodal:
-            config = _off_default(VisionTable, dataclasses.asdict(self.vision.config))
+            config = off_default(VisionTable, dataclasses.asdict(self.vision.config))
             out["vision"] = config | {"tokens": dict(self.vision.tokens)}
         if self.end is not None:  # finite recipes only: the fingerprints of the others stay
             out["end"] = self.end
@@ -697,22 +458,6 @@ class RecipeSpec:
 
 #: keys a text dataset's entry leaves out of the data definition (so text-only fingerprints stay)
 _MM_ONLY_KEYS = ("kind", "image_field")
-
-
-def _off_default(cls: Any, values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` (fields of a section of shape ``cls``) less its ``new`` keys at their default:
-    recipes written before a key existed keep their fingerprint, and their checkpoints resume."""
-    own = _fields(cls)
-    return {k: v for k, v in values.items() if not (k in own and meta(cls, k).new and v == _default(cls, k))}
-
-
-def _as_list(spec: Any) -> list[Any]:
-    """A section as the data definition lists it: its first keys' values in order, then a table of
-    its ``new`` keys off their default (none: the list is what it always was)."""
-    cls = type(spec)
-    first = [getattr(spec, k) for k in keys(cls) if not meta(cls, k).new]
-    later = _off_default(cls, {k: getattr(spec, k) for k in keys(cls) if meta(cls, k).new})
-    return [*first, later] if later else first
 
 
 DATASET_KEYS = keys(DatasetSpec)

@@ -33,13 +33,13 @@ MM_BATCH_FIELDS = ("pixel_values", "grid_thw", "images_per_row")
 def unpatchify(
     patches: np.ndarray, grid_thw: Sequence[int], patch_size: int, temporal_patch_size: int = 2, merge_size: int = 2
 ) -> np.ndarray:
-    """The inverse of :func:`zephon.nodes.vision.patchify`: one image's patches
+    """The inverse of :func:`zephon.nodes.images.patchify`: one image's patches
     ``(t * gh * gw, C * pt * ps * ps)`` in TorchTitan's block order (``(t, bh, bw, m, n)``, each
     vector ``(c, pt, ph, pw)``) back to the (normalised) image ``(gh * ps, gw * ps, C)`` float32
     (the first frame of the temporal patch; zephon repeats a still image to fill it).
 
     >>> import numpy as np
-    >>> from zephon.nodes.vision import patchify
+    >>> from zephon.nodes.images import patchify
     >>> img = np.arange(64 * 32 * 3, dtype=np.float32).reshape(64, 32, 3)
     >>> patches, grid = patchify(img, 16, 2, 2)
     >>> np.array_equal(unpatchify(patches, grid, 16, 2, 2), img)

@@ -59,7 +59,7 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
     order), ``grid``, ``num_bytes``, ``sha256`` (of the encoded image bytes) and ``width`` /
     ``height`` (the source image's, EXIF orientation applied). Re-reading a cited caption and
     tokenizing it gives back the row's text tokens; re-reading a cited image and preprocessing it
-    (:func:`zephon.nodes.vision.preprocess_image`) gives back the batch's pixels.
+    (:func:`zephon.nodes.images.preprocess_image`) gives back the batch's pixels.
 
     The module docstring has a worked example (an image-caption tar shard); ``tests/tools/
     test_display.py`` and ``tests/tools/test_display_mm.py`` re-read every cited range of text,

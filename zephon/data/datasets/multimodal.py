@@ -19,7 +19,7 @@ text index's (one ``.npz`` per shard, keyed by URL, size and mtime).
 
 ``read(shard, indices)`` returns :class:`MMRecord` (segments: ``str`` text or ``bytes`` image,
 in document order) or :class:`BadRecord` (a caption without an image, a missing field, ...);
-image *content* problems are found by the decoder (``zephon.nodes.vision``).
+image *content* problems are found by the decoder (``zephon.nodes.images``).
 
 Each format is its own module (:mod:`.wds`, :mod:`.mm_parquet`); this one is the index that
 dispatches to them, and the shared parts live in :mod:`.cache` and :mod:`.resolve`.

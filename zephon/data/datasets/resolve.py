@@ -14,6 +14,7 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,20 +199,8 @@ def open_cache_dir(cache_dir: str | None, *, warn: bool = True) -> str | None:
 def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str | None]]:
     """Expand a dataset's globs, folders and URLs into its files: ``[(fs, fspath, info, forced_format)]``
     (shared by the text and image-text indexes)."""
-    if isinstance(path, (str, os.PathLike)):
-        entries = [os.fspath(path)]
-    elif isinstance(path, (list, tuple)):
-        entries = [os.fspath(p) for p in path]
-        if not entries:
-            raise DataError("the path list is empty", dataset=name, fix="Give at least one path or glob.")
-    else:
-        raise DataError(
-            f"path must be a string or a list of strings, got {type(path).__name__}",
-            dataset=name,
-            fix="Give a path, a glob, an fsspec URL, or a list of those.",
-        )
     out: list[tuple[Any, str, dict, str | None]] = []
-    for entry in entries:
+    for entry in _entries(name, path):
         try:
             fs, p = fsspec.core.url_to_fs(entry, **storage_options(entry))
         except (ImportError, ValueError) as e:
@@ -222,64 +211,96 @@ def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str |
             ) from None
         disp = lambda q, fs=fs: q if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(q)  # noqa: E731
         if any(c in p for c in "*?["):
-            try:
-                matches = _remote(name, entry, "listing", lambda fs=fs, p=p: fs.glob(p, detail=True))
-            except PermissionError as e:
-                raise DataError(
-                    f"permission denied while expanding the pattern '{entry}' ({e})",
-                    dataset=name,
-                    fix="Make the directories readable by the user running the job.",
-                ) from None
-            n = 0
-            for mp, info in sorted(matches.items()):
-                if _own_file(mp):
-                    continue
-                if info.get("type") == "directory":
-                    if fs.exists(mp.rstrip("/") + "/state.json"):
-                        got = _arrow_folder(name, fs, mp, fmt, disp)
-                        out.extend(got)
-                        n += len(got) or 1
-                    continue
-                _check_link(name, fs, mp, info)
-                out.append((fs, mp, info, None))
-                n += 1
-            if n == 0:
-                raise DataError(
-                    f"the path pattern '{entry}' matched no files",
-                    dataset=name,
-                    fix="Check the pattern (and the working directory, for relative paths); "
-                    "quote it so the shell does not expand it.",
-                )
-            continue
-        try:
-            info = _remote(name, entry, "looking up", lambda fs=fs, p=p: fs.info(p))
-        except FileNotFoundError:
-            if isinstance(fs, LocalFileSystem) and os.path.islink(p):
-                _check_link(name, fs, p, {"islink": True})
-            raise DataError(
-                "file not found",
-                dataset=name,
-                file=entry,
-                fix="Check the path (relative paths are resolved from the working directory "
-                f"'{os.getcwd()}'), or remove it from the dataset's path list in the recipe.",
-            ) from None
-        except PermissionError as e:
-            raise DataError(
-                f"permission denied ({e})",
-                dataset=name,
-                file=entry,
-                fix="Make the file and its directories readable by the user running the job.",
-            ) from None
-        except OSError as e:
-            if isinstance(fs, LocalFileSystem) and os.path.islink(p):
-                _check_link(name, fs, p, {"islink": True})
-            raise DataError(f"cannot read ({e})", dataset=name, file=entry, fix="Check the path.") from None
-        if info.get("type") == "directory":
-            out.extend(_expand_dir(name, fs, p, fmt, disp))
+            out.extend(_expand_pattern(name, entry, fs, p, fmt, disp))
         else:
-            _check_link(name, fs, p, info)
-            out.append((fs, p, info, None))
+            out.extend(_expand_path(name, entry, fs, p, fmt, disp))
     return out
+
+
+def _entries(name: str, path: Any) -> list[str]:
+    """A dataset's ``path`` as a non-empty list of strings, or an error saying what to give."""
+    if isinstance(path, (str, os.PathLike)):
+        return [os.fspath(path)]
+    if isinstance(path, (list, tuple)):
+        entries = [os.fspath(p) for p in path]
+        if not entries:
+            raise DataError("the path list is empty", dataset=name, fix="Give at least one path or glob.")
+        return entries
+    raise DataError(
+        f"path must be a string or a list of strings, got {type(path).__name__}",
+        dataset=name,
+        fix="Give a path, a glob, an fsspec URL, or a list of those.",
+    )
+
+
+def _expand_pattern(
+    name: str, entry: str, fs: Any, p: str, fmt: str, disp: Callable[[str], str]
+) -> list[tuple[Any, str, dict, str | None]]:
+    """The files a glob matches (zephon's own cache files left out; a saved Arrow folder gives its
+    files); a pattern that matches nothing is an error naming it."""
+    try:
+        matches = _remote(name, entry, "listing", lambda: fs.glob(p, detail=True))
+    except PermissionError as e:
+        raise DataError(
+            f"permission denied while expanding the pattern '{entry}' ({e})",
+            dataset=name,
+            fix="Make the directories readable by the user running the job.",
+        ) from None
+    out: list[tuple[Any, str, dict, str | None]] = []
+    n = 0
+    for mp, info in sorted(matches.items()):
+        if _own_file(mp):
+            continue
+        if info.get("type") == "directory":
+            if fs.exists(mp.rstrip("/") + "/state.json"):
+                got = _arrow_folder(name, fs, mp, fmt, disp)
+                out.extend(got)
+                n += len(got) or 1
+            continue
+        _check_link(name, fs, mp, info)
+        out.append((fs, mp, info, None))
+        n += 1
+    if n == 0:
+        raise DataError(
+            f"the path pattern '{entry}' matched no files",
+            dataset=name,
+            fix="Check the pattern (and the working directory, for relative paths); "
+            "quote it so the shell does not expand it.",
+        )
+    return out
+
+
+def _expand_path(
+    name: str, entry: str, fs: Any, p: str, fmt: str, disp: Callable[[str], str]
+) -> list[tuple[Any, str, dict, str | None]]:
+    """One file, or a folder's files; a missing or unreadable path is an error naming it."""
+    try:
+        info = _remote(name, entry, "looking up", lambda: fs.info(p))
+    except FileNotFoundError:
+        if isinstance(fs, LocalFileSystem) and os.path.islink(p):
+            _check_link(name, fs, p, {"islink": True})
+        raise DataError(
+            "file not found",
+            dataset=name,
+            file=entry,
+            fix="Check the path (relative paths are resolved from the working directory "
+            f"'{os.getcwd()}'), or remove it from the dataset's path list in the recipe.",
+        ) from None
+    except PermissionError as e:
+        raise DataError(
+            f"permission denied ({e})",
+            dataset=name,
+            file=entry,
+            fix="Make the file and its directories readable by the user running the job.",
+        ) from None
+    except OSError as e:
+        if isinstance(fs, LocalFileSystem) and os.path.islink(p):
+            _check_link(name, fs, p, {"islink": True})
+        raise DataError(f"cannot read ({e})", dataset=name, file=entry, fix="Check the path.") from None
+    if info.get("type") == "directory":
+        return list(_expand_dir(name, fs, p, fmt, disp))
+    _check_link(name, fs, p, info)
+    return [(fs, p, info, None)]
 
 
 def _check_link(name: str, fs: Any, fp: str, info: dict) -> None:
