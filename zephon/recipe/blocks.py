@@ -24,12 +24,8 @@ WHOLE_FILE_COMPRESSION = (".gz", ".zst", ".zstd")
 
 
 def dataset_block(spec: RecipeSpec, ds: DatasetSpec, index: ShardIndex) -> int:
-    """Records per block of ``ds`` under the recipe's shuffle; 0 = the stripe order.
-
-    >>> from zephon.recipe.spec import RecipeSpec
-    >>> RecipeSpec.__dataclass_fields__["shuffle"].default_factory().block   # version 1's value
-    0
-    """
+    """Records per block of ``ds`` under the recipe's shuffle; 0 = the stripe order (the
+    recipe's ``block`` is 0, or a shard of ``ds`` is whole-file compressed)."""
     block = int(spec.shuffle.block)
     if block <= 0:
         return 0
