@@ -244,7 +244,6 @@ class WorkPlan:
                 self._orders.move_to_end(key)
                 return order
         ds = self.datasets[d]
-        order: _EpochOrder | BlockOrder
         if ds.block:
             order = BlockOrder(self.seed, d, ds.shard_sizes, epoch, lanes=self.lanes, block=ds.block)
         else:
