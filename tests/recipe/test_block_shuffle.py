@@ -5,7 +5,9 @@ at any step; and the reads are contiguous (bytes read close to the bytes deliver
 
 from __future__ import annotations
 
+import gzip
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -166,3 +168,18 @@ def test_bytes_read_close_to_bytes_delivered(big_shards, monkeypatch, lanes):
         ratios[version] = (reads.read / reads.asked, reads.calls)
     assert ratios[3][0] <= 1.1, ratios
     assert ratios[2][0] > 1.5, ratios  # the stripe order: each lane's ranges span its neighbours' records
+
+
+def test_compressed_datasets_keep_the_stripe_order(tmp_path):
+    """A ``.gz`` shard is decompressed whole: block visits would decompress it again and again."""
+    root = str(tmp_path)
+    write_shards(root, "plain", [50] * 4)
+    write_shards(root, "packed", [50] * 4)
+    for name in os.listdir(os.path.join(root, "packed")):
+        src = os.path.join(root, "packed", name)
+        with open(src, "rb") as f, gzip.open(src + ".gz", "wb") as g:
+            shutil.copyfileobj(f, g)
+        os.unlink(src)
+    r = Recipe.from_toml(write_recipe(root, ["plain", "packed"], lanes=4, global_batch_size=8))
+    assert [d.block for d in r.prepare().plan.datasets] == [16, 0]
+    assert [d.block for d in r.replace(data_version=2).prepare().plan.datasets] == [0, 0]
