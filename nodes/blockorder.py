@@ -116,6 +116,11 @@ class BlockOrder:
         return self.order[j].astype(np.int64), f - self.starts[j]
 
     def locate(self, p: int) -> tuple[int, int]:
+        """(shard, record) of one position (the scalar reference of :meth:`locate_many`).
+
+        >>> BlockOrder(0, 0, [3, 5], 0, lanes=2, block=2).locate(0) in {(s, r) for s, n in enumerate([3, 5]) for r in range(n)}
+        True
+        """
         shards, records = self.locate_many(np.array([p], dtype=np.int64))
         return int(shards[0]), int(records[0])
 

@@ -19,6 +19,7 @@ a field of :class:`zephon.nodes.VisionConfig` plus its line in :class:`VisionTab
 is taken from VisionConfig). A rule that relates several keys goes with the other cross-field
 rules in :mod:`zephon.recipe.parse`.
 
+    >>> from zephon.recipe.keys import meta
     >>> keys(PackSpec)
     ['algorithm', 'flush_every', 'max_open', 'labels']
     >>> meta(PackSpec, "flush_every").lo, meta(PackSpec, "flush_every").limit(), PackSpec().flush_every
