@@ -17,7 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
+from vl_fixtures import make_vl_tokenizer
 
+from zephon import Recipe
+from zephon.data import BadRecord
 from zephon.data.datasets.multimodal import index_multimodal
 from zephon.data.datasets.wds import IMAGE_EXTS, tar_member_role
 from zephon.nodes.images import VisionConfig, decode_image, decode_pixels, patchify, preprocess_patches
@@ -222,3 +225,43 @@ def test_version_1_keeps_pillows_convert() -> None:
     # an 8-bit opaque image is the same bytes under both rules
     rgb = _encode("RGB", "PNG")
     assert np.array_equal(preprocess_patches(rgb, old)[0], preprocess_patches(rgb, CFG)[0])
+
+
+def _tar_with(path: str, exts: list[str]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for i, ext in enumerate(exts):
+            fmt = {"jpg": "JPEG", "png": "PNG", "gif": "GIF", "tif": "TIFF", "bmp": "BMP"}[ext]
+            buf = io.BytesIO()
+            Image.new("RGB", (32, 32), (i * 40, 10, 10)).save(buf, fmt)
+            for name, data in ((f"s{i}.{ext}", buf.getvalue()), (f"s{i}.txt", f"sample {i}".encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_which_tar_members_are_images_follows_the_data_version(tmp_path, version) -> None:
+    """Data version 1 keeps the four classic extensions (a .gif or .tif sample has no image and a
+    skip recipe skips it, as before version 2); version 2 reads every extension Pillow opens."""
+    os.makedirs(tmp_path / "wds")
+    _tar_with(str(tmp_path / "wds" / "a.tar"), ["jpg", "gif", "png", "tif", "bmp"])
+    make_vl_tokenizer(str(tmp_path / "tok"))
+    recipe = Recipe.from_dict(
+        {
+            "seed": 1,
+            "lanes": 1,
+            "seq_len": 128,
+            "global_batch_size": 1,
+            "data_version": version,
+            "cache_dir": "cache",
+            "tokenizer": {"path": "tok"},
+            "datasets": [{"name": "wds", "kind": "image_text", "path": "wds/*.tar", "on_error": "skip"}],
+            "vision": {"patch_size": 16, "merge_size": 2, "min_pixels": 1024, "max_pixels": 4096},
+        },
+        base_dir=str(tmp_path),
+    )
+    (ix,) = recipe.prepare(progress=None).indexes
+    bad = [isinstance(r, BadRecord) for r in ix.read(0, list(range(ix.shards[0].num_records)))]
+    assert bad == ([False, True, False, True, True] if version == 1 else [False] * 5)
+    if version == 1:
+        assert "(.jpg/.jpeg/.png/.webp; data version 2 reads" in ix.read(0, [1])[0].reason

@@ -9,7 +9,10 @@ Builds TorchTitan's real ``CheckpointManager`` (interval 1, full last checkpoint
 then does what the trainer does: ``load(S)`` (S = 0: fresh start), and for each step
 S+1..S+N: ``next()`` once per microbatch, an optimizer step, ``save(step)``. Each rank appends,
 per step, the SHA-256 of every lane's rows of what it was handed (``input``, ``labels``,
-``positions``) to ``OUT/hashes_rank{R}.jsonl``. With ``--multimodal`` (a vision-language
+``positions``) to ``OUT/hashes_rank{R}.jsonl``. With ``--tp N`` the N consecutive global ranks
+are the model-parallel peers of one DP rank (TorchTitan's mesh has ``tp`` innermost): R is the DP
+rank, its first peer writes ``hashes_rank{R}.jsonl`` and the others ``peer_hashes_rank{G}.jsonl``
+(G: the global rank). With ``--multimodal`` (a vision-language
 recipe) each lane's hash also covers its ``mrope_positions`` and its images: ``grid_thw`` and
 the un-padded ``pixel_values`` (see :func:`mm_lane_fields`).
 """
@@ -39,10 +42,13 @@ def main() -> None:
     ap.add_argument("--local-batch-size", type=int, required=True)
     ap.add_argument("--async", dest="async_mode", action="store_true")
     ap.add_argument("--multimodal", action="store_true", help="hash mrope_positions and the images too")
+    ap.add_argument("--tp", type=int, default=1, help="model-parallel peers per DP rank (rank r is DP rank r // tp)")
+    ap.add_argument("--per-peer", action="store_true", help="every peer reads (read_once = False)")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    global_rank, tp = dist.get_rank(), args.tp
+    rank, world = global_rank // tp, dist.get_world_size() // tp  # the DP rank and degree
 
     from torchtitan.components.checkpoint import CheckpointManager
     from torchtitan.components.optimizer import LRSchedulersContainer
@@ -51,7 +57,7 @@ def main() -> None:
     import zephon
     from zephon.integrations.torchtitan import ZephonDataLoader
 
-    loader = ZephonDataLoader.Config(recipe=args.recipe).build(
+    loader = ZephonDataLoader.Config(recipe=args.recipe, read_once=not args.per_peer).build(
         dp_world_size=world,
         dp_rank=rank,
         tokenizer=None,
@@ -88,7 +94,8 @@ def main() -> None:
     rows_per_lane = loader.recipe.rows_per_lane
     owned = list(zephon.lanes_of_rank(loader.recipe.lanes, world, rank))
     data_iter = iter(loader)
-    with open(os.path.join(args.out, f"hashes_rank{rank}.jsonl"), "a", encoding="utf-8") as f:
+    name = f"hashes_rank{rank}.jsonl" if global_rank % tp == 0 else f"peer_hashes_rank{global_rank}.jsonl"
+    with open(os.path.join(args.out, name), "a", encoding="utf-8") as f:
         for step in range(args.load_step + 1, args.load_step + args.steps + 1):
             parts = [next(data_iter) for _ in range(loader.microbatches_per_step)]
             batch = {

@@ -15,7 +15,7 @@ import package_tree
 import pytest
 from package_tree import modules
 
-OPTIONAL = {"zephon.integrations.torchtitan": "torchtitan"}
+OPTIONAL = {"zephon.integrations.torchtitan": "torchtitan", "zephon.integrations.titan_metrics": "torchtitan"}
 MODULES = [m for m in modules() if not any(p.startswith("_") for p in m.split("."))]
 PACKAGES = [m for m in MODULES if package_tree.module_files()[m].name == "__init__.py"]
 

@@ -7,7 +7,10 @@ import importlib
 import pytest
 from package_tree import modules
 
-OPTIONAL = {"zephon.integrations.torchtitan": "torchtitan"}  # module -> what it needs
+OPTIONAL = {
+    "zephon.integrations.torchtitan": "torchtitan",
+    "zephon.integrations.titan_metrics": "torchtitan",
+}  # module -> what it needs
 MODULES = [m for m in modules() if m not in OPTIONAL]
 
 

@@ -176,3 +176,45 @@ def test_hashes_past_the_end_of_a_finite_recipe(finite_path, tmp_path):
     head = steps(zephon("hashes", finite_path, "--steps", n, "--world-size", 1, "--save-at", n, "--checkpoint", ck))
     ended = zephon("hashes", finite_path, "--steps", 5, "--world-size", 8, "--resume", ck)
     assert steps(ended) == [] and "printed no step" in ended.stderr
+
+
+def test_every_option_says_what_it_does():
+    from zephon.tools.cli import _parser
+
+    missing, stack = [], [("zephon", _parser())]
+    while stack:
+        name, p = stack.pop()
+        for a in p._actions:
+            if a.__class__.__name__ == "_SubParsersAction":
+                stack.extend((f"{name} {k}", sp) for k, sp in a.choices.items())
+            elif a.dest != "help" and not (a.help or "").strip():
+                missing.append(f"{name} {'/'.join(a.option_strings) or a.dest}")
+    assert not missing, f"options without help: {missing}"
+    out = zephon("hashes", "--help")
+    assert "MORE after the resumed step" in out.stdout and "--ledger DIR" in out.stdout
+
+
+def test_save_and_resume_say_what_they_did(recipe_path, tmp_path):
+    ck = tmp_path / "ck"
+    saved = zephon("hashes", recipe_path, "--steps", 3, "--save-at", 2, "--checkpoint", ck)
+    assert saved.returncode == 0, saved.stderr
+    from zephon.tools.cli import STATE_FILE
+
+    assert f"saved the state after step 1 to {ck / STATE_FILE}; --resume {ck} continues at step 2" in saved.stderr
+    resumed = zephon("hashes", recipe_path, "--steps", 4, "--world-size", 2, "--resume", ck)
+    assert [t for t, _ in steps(resumed)] == ["2", "3", "4", "5"]
+    assert f"resumed after step 1 from {ck}; --steps 4 computes the next 4 steps (2..5)" in resumed.stderr
+
+
+def test_hashes_writes_a_ledger_on_a_cpu(recipe_path, tmp_path):
+    led = tmp_path / "ledger"
+    out = zephon("hashes", recipe_path, "--steps", 4, "--world-size", 2, "--ledger", led)
+    assert out.returncode == 0, out.stderr
+    assert f"wrote the batch ledger of 2 rank(s) to {led}" in out.stderr
+    assert sorted(p.name for p in led.iterdir()) == ["rank_00000.jsonl", "rank_00001.jsonl"]
+    shown = zephon("ledger", "show", led)
+    assert shown.returncode == 0, shown.stderr
+    expected = steps(zephon("hashes", recipe_path, "--steps", 4, "--digest", "ledger"))
+    assert [tuple(l.split()[1:]) for l in shown.stdout.splitlines() if l.startswith("step ")] == expected
+    same = zephon("ledger", "diff", led, recipe_path, "--steps", 4)
+    assert same.returncode == 0, same.stdout + same.stderr

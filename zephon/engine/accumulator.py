@@ -188,6 +188,7 @@ class Accumulator(ZNode[Any]):
         while not self._out:
             if self._done:
                 raise StopIteration
+            self.check_cancelled()  # a window's first fill can take minutes: a close stops it
             if self._pending_anchor and self.buffer_empty():
                 self._take_anchor()
             try:

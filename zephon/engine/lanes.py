@@ -149,7 +149,7 @@ def count_lane_steps(
     pools = pools if pools is not None else PoolSet()
     ids: Any = range(lanes)
     if progress or (progress is None and sys.stderr.isatty() and lanes >= 8):
-        from tqdm.auto import tqdm
+        from tqdm.std import tqdm
 
         ids = tqdm(ids, desc="counting the micro-batches of each lane (one pass over the data)", unit="lane")
     out = []

@@ -400,6 +400,7 @@ class OrderedMapper(ZNode[Any]):
             try:
                 return task.future.result(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
             except cf.TimeoutError:
+                self.check_cancelled()  # closed meanwhile (another thread): stop waiting
                 lost = self.pool.lost_workers() if self.pool is not None else []
                 if lost and not task.future.done():
                     raise BrokenProcessPool(f"worker process {lost[0]} is gone") from None

@@ -37,9 +37,11 @@ __all__ = [
     "MAX_STATE_INT",
     "SINCE",
     "UPSTREAM",
+    "CancelledError",
     "PipelineError",
     "StateError",
     "ZNode",
+    "cancel_node",
     "check_state",
     "check_state_keys",
     "close_node",
@@ -57,6 +59,12 @@ class StateError(ValueError):
 
 class PipelineError(RuntimeError):
     """A failure inside a pipeline, with the lane and source position it happened at."""
+
+
+class CancelledError(PipelineError):
+    """Raised inside a computation (a shuffle window's first fill, a wait for a worker) whose
+    pipeline was closed meanwhile, from another thread or a signal handler: the computation
+    stops at its next check instead of running to its end."""
 
 
 def check_state(node: ZNode, state: dict[str, Any]) -> None:
@@ -158,6 +166,23 @@ def upstream_nodes(node: Any) -> list[Any]:
     return out
 
 
+def cancel_node(node: Any) -> None:
+    """Ask every zephon node of ``node``'s graph to stop what it is computing, at its next
+    check (:meth:`ZNode.check_cancelled`), releasing nothing. Thread-safe (it sets flags):
+    closing a pipeline calls it first, so a close from another thread (or a signal handler)
+    does not wait for a long fill to end before it can stop the fill's threads."""
+    seen: set[int] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, ZNode):
+            n._cancelled = True
+        todo.extend(upstream_nodes(n))
+
+
 def close_node(node: Any) -> None:
     """Close ``node`` and everything upstream of it, whichever library each node comes from.
 
@@ -202,6 +227,7 @@ class ZNode(BaseNode[T]):
     def __init__(self) -> None:
         super().__init__()
         self._closed = False
+        self._cancelled = False  # set by cancel_node (any thread); checked by long loops
         self._n_out = 0
         self._t_busy = 0.0  # seconds inside next(), upstream included
 
@@ -269,10 +295,17 @@ class ZNode(BaseNode[T]):
         """Stop threads/processes owned by this node and its upstreams. Safe to call twice."""
         if self._closed:
             return
+        cancel_node(self)  # a computation in progress (another thread) stops at its next check
         self._closed = True
         self._close_own()
         for up in self.upstreams():
             close_node(up)
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`CancelledError` if the pipeline was closed (or cancelled) meanwhile: long
+        loops (a window's fill, a wait for a worker) call it at every step."""
+        if self._cancelled:
+            raise CancelledError(f"{self!r} was closed while it was computing; the pipeline is shutting down")
 
     @property
     def closed(self) -> bool:

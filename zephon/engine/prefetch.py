@@ -53,6 +53,7 @@ class Prefetcher(BaseNode[T]):
         self._stop = threading.Event()
         self._delivered: dict[str, Any] | None = None
         self._start_pending = False
+        self._closed = False
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -74,7 +75,8 @@ class Prefetcher(BaseNode[T]):
                 break
             except queue.Empty:
                 if self._thread is None or not self._thread.is_alive():
-                    raise PipelineError(f"{self!r}: the prefetch thread is gone") from None
+                    why = "was closed while next() waited" if self._closed else "the prefetch thread is gone"
+                    raise PipelineError(f"{self!r}: {why}") from None
         if kind == "ok":
             self._delivered = state
             return value
@@ -91,6 +93,7 @@ class Prefetcher(BaseNode[T]):
 
     def close(self) -> None:
         """Stop the thread, then close the source (idempotent)."""
+        self._closed = True
         self._stop_thread()
         close_node(self.source)
 

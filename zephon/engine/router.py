@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import functools
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -50,6 +51,11 @@ class Router(ZNode[Any]):
     (a wrapper node); ``state_dict()`` is still the state after the last delivered batch. A
     finite run's state carries ``shared.end`` from step 0, with empty counts until the lanes
     are counted (on the first ``next()``), so its keys never change.
+
+    Thread-safe between ``next()``, ``state_dict()`` and ``reset()`` (one lock): a state taken
+    from another thread (a checkpointer, before the first batch or during iteration) is the
+    state after the last batch delivered, never a half-computed step; ``close()`` does not
+    wait for the lock (it cancels a step in progress).
     """
 
     node_type = "router"
@@ -70,6 +76,7 @@ class Router(ZNode[Any]):
         digests: bool = False,
     ) -> None:
         super().__init__()
+        self._lock = threading.RLock()  # next / state_dict / reset, from any thread
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be an integer >= 0 (local batches computed ahead), got {prefetch!r}")
         # prefetch > 0: a Prefetcher computes up to `prefetch` local batches ahead, each with the
@@ -172,7 +179,19 @@ class Router(ZNode[Any]):
                 + (hint or "Restore the original recipe, or start a new run.")
             )
 
+    def __next__(self) -> Any:
+        with self._lock:
+            return super().__next__()
+
+    def state_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return super().state_dict()
+
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        with self._lock:
+            self._reset(initial_state)
+
+    def _reset(self, initial_state: dict[str, Any] | None) -> None:
         super().reset(initial_state)
         # resets the lanes (_reset_lanes), through the Prefetcher when prefetching: it stops its
         # thread first and starts it on the first next(), so a reset only followed by a restore
@@ -309,7 +328,7 @@ class Router(ZNode[Any]):
         bar = None
         if len(pairs) >= 8 and sys.stderr.isatty():
             # a restore replays up to one flush interval per lane: show it when it can take a while
-            from tqdm.auto import tqdm
+            from tqdm.std import tqdm
 
             bar = tqdm(total=len(pairs), desc=f"rank {self.rank}: restoring lanes (replay)", unit="lane", leave=False)
 
@@ -399,12 +418,19 @@ class Router(ZNode[Any]):
 
 def _par_map(fn: Callable[[Any], Any], items: list[Any], threads: int) -> list[Any]:
     """``[fn(x) for x in items]`` on up to ``threads`` threads, results in order; the first
-    error (in item order) is raised after every call has finished."""
+    error (in item order) is raised after every call has finished. Interrupted while waiting
+    (Ctrl-C, SIGTERM in the main thread), it returns at once: the calls not started are
+    cancelled and the running ones end when their pipelines are closed (cancelled)."""
     if threads <= 1 or len(items) <= 1:
         return [fn(x) for x in items]
-    with cf.ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="zephon-lanes") as ex:
+    ex = cf.ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="zephon-lanes")
+    try:
         futs = [ex.submit(fn, x) for x in items]
         cf.wait(futs)
+    except BaseException:
+        ex.shutdown(wait=False, cancel_futures=True)
+        raise
+    ex.shutdown(wait=True)
     return [f.result() for f in futs]
 
 
@@ -442,12 +468,15 @@ class GlobalLoader:
         self.routers = [
             Router(lane_set, lanes=lanes, world_size=world_size, rank=r, **router_kwargs) for r in range(world_size)
         ]
+        # a global step and a merged state cover every router: a state never mixes steps
+        self._lock = threading.RLock()
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
-        return collate([next(r) for r in self.routers])
+        with self._lock:
+            return collate([next(r) for r in self.routers])
 
     @property
     def end(self) -> LaneEnd | None:
@@ -471,12 +500,14 @@ class GlobalLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Lane-keyed JSON state of every rank, merged: load it into a loader of any world size."""
-        return merge_states(r.state_dict() for r in self.routers)
+        with self._lock:
+            return merge_states([r.state_dict() for r in self.routers])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore every rank from a merged (or per-rank) lane-keyed state; replays each lane."""
-        for r in self.routers:
-            r.reset(state)
+        with self._lock:
+            for r in self.routers:
+                r.reset(state)
 
     def close(self) -> None:
         """Stop every rank's prefetch thread and worker pools (idempotent)."""

@@ -311,6 +311,11 @@ class WorkerPool:
                             inner = ex.submit(run_packed, fut._fn, *fut._args)
                         else:
                             inner = ex.submit(fut._fn, *fut._args)
+                    except (KeyboardInterrupt, SystemExit):
+                        # Ctrl-C or SIGTERM (its handler raises here, in the main thread, often
+                        # while a worker process starts): the run is stopping, not this task
+                        cf.Future.cancel(fut)
+                        raise
                     except BaseException as e:  # broken or shut down: this task and the backlog fail
                         failed = [fut, *self._backlog] if isinstance(e, BrokenProcessPool) else [fut]
                         if isinstance(e, BrokenProcessPool):

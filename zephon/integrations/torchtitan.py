@@ -46,9 +46,11 @@ Resuming on another number of ranks
 ``state_dict()`` holds one JSON ``bytes`` value per lane this rank owns (``"lane_00007"``) and
 one rank-independent entry (``"zephon"``: format version, lane count, seed, recipe fingerprint,
 step). DCP keeps every key once, and on load asks the *new* loader for its keys, so a checkpoint
-saved on 4 ranks loads on 1, 2 or 8: each rank picks up the lanes it now owns. Tensor- and
-pipeline-parallel peers of one DP rank build the same lanes, get identical batches and write
-identical values under identical keys.
+saved on 4 ranks loads on 1, 2 or 8: each rank picks up the lanes it now owns. Tensor-, pipeline- and
+context-parallel peers of one DP rank get identical batches: by default only the lowest of them
+reads and broadcasts each step to the others (``read_once``, :mod:`zephon.recipe.peers`), and
+only its state holds the lanes (the others' is empty); with ``read_once = False`` every peer reads
+and writes identical values under identical keys. Either checkpoint loads in either mode.
 
 Gradient accumulation and pipeline microbatches
 -----------------------------------------------
@@ -90,6 +92,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -101,7 +104,20 @@ from torchtitan.components.dataloader import BaseDataLoader
 from zephon.engine import StateError, WorkerConfig
 from zephon.engine.checkpoint import SHARED_KEY, decode_state, encode_state, is_lane_key
 from zephon.engine.lanes import divisors
-from zephon.recipe import LEDGER_DIR, LedgerWriter, RankBatches, Recipe, RecipeError, dataset_tokens
+from zephon.recipe import (
+    LEDGER_DIR,
+    FollowerBatches,
+    LeaderBatches,
+    LedgerWriter,
+    LoaderMetrics,
+    RankBatches,
+    Recipe,
+    RecipeError,
+    dataset_tokens,
+)
+
+from .peers import DistPeerLink
+from .titan_metrics import register_loader, zephon_metrics_config
 
 __all__ = ["RECIPE_NAMES", "ZephonDataLoader", "titan_mm_batch", "with_zephon"]
 
@@ -245,10 +261,20 @@ class ZephonDataLoader(BaseDataLoader):
         long the data lasts is the recipe's choice (dataset ``policy``); False needs a finite
         recipe (every dataset ``policy = "stop"``)."""
 
+        read_once: bool = True
+        """Model-parallel peers of a DP rank (the ranks with the same ``dp_rank``: TP, PP, CP) share one
+        pipeline: the lowest rank reads and broadcasts each step to the others over gloo
+        (:mod:`zephon.integrations.peers`); False = every peer reads alone (same batches, N x CPU)."""
+
         ledger: bool = True
         """Write the batch ledger (one line per step: the digest of each of this rank's lane
         micro-batches and its tokens per dataset) to ``<dump_folder>/zephon_ledger/`` when built
         by TorchTitan's trainer, or to ``ledger_dir``."""
+
+        dashboard: bool = True
+        """Add this loader's metrics to TorchTitan's metrics logger (TensorBoard / W&B) at each of its
+        log steps (needs the trainer's ``metrics`` from :func:`with_zephon`; see
+        :mod:`zephon.integrations.titan_metrics`)."""
 
         ledger_dir: str = ""
         """Folder for the batch ledger ("" = ``<dump_folder>/zephon_ledger`` inside the trainer;
@@ -323,7 +349,7 @@ class ZephonDataLoader(BaseDataLoader):
         self.microbatches_per_step = self.batches.microbatches_per_step
         try:
             self._check_trainer()
-            if tokenizer is not None and config.check_tokenizer:
+            if tokenizer is not None and config.check_tokenizer and not isinstance(self.batches, FollowerBatches):
                 self._check_tokenizer(tokenizer)
         except ValueError:
             self.close()
@@ -333,6 +359,11 @@ class ZephonDataLoader(BaseDataLoader):
             self.special_tokens = {f"{k}_id": v for k, v in r.special_tokens.items()}
             self.special_tokens["pad_id"] = r.pad_id
         self._tensors: dict[str, torch.Tensor] = {}  # the current step as tensors (text recipes)
+        #: per-step metrics for dashboards (:meth:`dashboard_metrics`)
+        self.step_metrics = LoaderMetrics(r)
+        self.step_metrics.step = self.batches.step
+        if config.dashboard:
+            register_loader(self)
 
     def _open(self, local_batch_size: int | None) -> RankBatches:
         r, W = self.recipe, self.dp_world_size
@@ -352,8 +383,14 @@ class ZephonDataLoader(BaseDataLoader):
             )
         cfg = self.config
         folder = cfg.ledger_dir or (os.path.join(cfg.dump_folder, LEDGER_DIR) if cfg.dump_folder else "")
+        #: the model-parallel peers sharing this DP rank's pipeline (None: this rank reads alone)
+        self.peers = DistPeerLink.for_dp_rank(self.dp_rank, W) if cfg.read_once else None
+        kind: type[RankBatches] = RankBatches
+        extra: dict[str, Any] = {}
+        if self.peers is not None:
+            kind, extra = (LeaderBatches if self.peers.leader else FollowerBatches), {"link": self.peers}
         try:
-            batches = RankBatches(
+            batches = kind(
                 r,
                 W,
                 self.dp_rank,
@@ -361,6 +398,7 @@ class ZephonDataLoader(BaseDataLoader):
                 workers=cfg.worker_override(r),
                 digests=bool(cfg.ledger and folder),
                 hints=hints,
+                **extra,
             )
         except ValueError as e:
             raise ValueError(f"zephon.integrations.torchtitan: {e}") from None
@@ -446,6 +484,7 @@ class ZephonDataLoader(BaseDataLoader):
     def __next__(self) -> tuple[dict[str, Any], torch.Tensor]:
         if self.batches.ended:
             raise StopIteration
+        t0 = time.perf_counter()
         try:
             batch, lo, hi = self.batches.next_slice()
         except StopIteration:
@@ -456,7 +495,10 @@ class ZephonDataLoader(BaseDataLoader):
                 _LOG.info("zephon rank %d: %s", self.dp_rank, end.describe())
             raise
         if lo == 0:
+            self.step_metrics.record(batch, time.perf_counter() - t0, step=self.batches.step)
             self._fetched(batch)
+        else:
+            self.step_metrics.add_time(time.perf_counter() - t0)
         if self.recipe.multimodal:
             merge = self.recipe.vision.merge_size
             sp, pos = self.special_tokens, self.config.with_positions
@@ -471,6 +513,11 @@ class ZephonDataLoader(BaseDataLoader):
     def metrics(self) -> dict[str, Any]:
         """This rank's pipeline metrics, summed over its lanes, per node type."""
         return self.batches.router.summary_metrics()
+
+    def dashboard_metrics(self) -> dict[str, float]:
+        """:class:`zephon.recipe.LoaderMetrics` of the recipe steps since the last call (flat, for
+        TorchTitan's TensorBoard / W&B logger; see :mod:`zephon.integrations.titan_metrics`)."""
+        return self.step_metrics.collect(self.metrics())
 
     def log_metrics(self) -> str:
         """Log (and return) a one-line summary of :meth:`metrics` via the ``zephon`` logger."""
@@ -493,9 +540,11 @@ class ZephonDataLoader(BaseDataLoader):
         return line
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"zephon": bytes, "lane_NNNNN": bytes, ...}``: one JSON value per owned lane."""
+        """``{"zephon": bytes, "lane_NNNNN": bytes, ...}``: one JSON value per owned lane (``{}`` on a
+        read-once follower: its leader's state is the DP rank's)."""
         try:
-            return encode_state(self.batches.state_dict())
+            state = self.batches.state_dict()  # refused in the middle of a step, on every peer
+            return encode_state(state) if state else {}
         except StateError as e:
             raise StateError(f"zephon.integrations.torchtitan: {e}") from None
 
@@ -588,7 +637,9 @@ def with_zephon(
 
     Sets ``dataloader``, ``training.seq_len`` and ``training.global_batch_size`` from the recipe
     (``overrides`` are :class:`ZephonDataLoader.Config` fields, e.g. ``workers=4``), and
-    ``checkpoint.last_save_model_only = False`` so the last checkpoint keeps the loader state.
+    ``checkpoint.last_save_model_only = False`` so the last checkpoint keeps the loader state, and
+    makes ``metrics`` a :class:`~zephon.integrations.titan_metrics.ZephonMetricsProcessor.Config`
+    (the loader's metrics in TensorBoard / W&B next to the loss).
     The config then passes its final ``dump_folder`` and batch (after the command line) to its
     ``dataloader`` when that is a :class:`ZephonDataLoader.Config` (the ledger's folder, the
     check that one trainer step is one recipe step), also when ``dataloader`` is replaced later.
@@ -616,9 +667,13 @@ def with_zephon(
         trainer_config.checkpoint, "last_save_model_only"
     ):
         trainer_config.checkpoint.last_save_model_only = False
+    if getattr(trainer_config, "metrics", None) is not None:
+        trainer_config.metrics = zephon_metrics_config(trainer_config.metrics)
     if validation is not None:
         perf = {k: overrides[k] for k in ("workers", "backend") if k in overrides}
-        vcfg = ZephonDataLoader.Config(recipe=validation, ledger=False, log_every=0, infinite=False, **perf)
+        vcfg = ZephonDataLoader.Config(
+            recipe=validation, ledger=False, log_every=0, infinite=False, dashboard=False, **perf
+        )
         vr = vcfg.load_recipe()
         if not vr.spec.finite:
             repeating = next(d.name for d in vr.datasets if d.policy != "stop")

@@ -7,7 +7,9 @@ rules), :mod:`~zephon.recipe.prepare` (tokenizer, indexes, token estimates, the 
 :mod:`~zephon.recipe.build` (each lane's pipeline of operators),
 :mod:`~zephon.recipe.migrations` (how lane states moved between checkpoint formats), and
 :mod:`~zephon.recipe.recipe` (the :class:`Recipe` that ties them together) and
-:mod:`~zephon.recipe.runtime` (:class:`RankBatches`: one rank's batches, step by step), and
+:mod:`~zephon.recipe.runtime` (:class:`RankBatches`: one rank's batches, step by step),
+:mod:`~zephon.recipe.peers` (model-parallel peers of a DP rank reading once),
+:mod:`~zephon.recipe.loader_metrics` (per-step loader metrics for dashboards), and
 :mod:`~zephon.recipe.ledger` (the batch ledger's file format and :class:`LedgerWriter`).
 """
 
@@ -16,8 +18,10 @@ from .build import RecipeLanes, build_lane
 from .estimate import BadSamplesWarning, TokenEstimate, bad_samples_message, estimate_tokens
 from .keys import LIMITS, max_workers
 from .ledger import LEDGER_DIR, LEDGER_GLOB, LEDGER_VERSION, LedgerWriter, dataset_tokens, ledger_file
+from .loader_metrics import LoaderMetrics, metered
 from .migrations import LANE_MIGRATIONS
 from .parse import parse_recipe
+from .peers import FollowerBatches, LeaderBatches, PeerLink, definition_digest
 from .prepare import Prepared, prepare
 from .recipe import Recipe
 from .runtime import RankBatches
@@ -43,10 +47,14 @@ __all__ = [
     "LIMITS",
     "BadSamplesWarning",
     "DatasetSpec",
+    "FollowerBatches",
+    "LeaderBatches",
     "LedgerWriter",
+    "LoaderMetrics",
     "MemoryBudget",
     "MixingSpec",
     "PackSpec",
+    "PeerLink",
     "Prepared",
     "RankBatches",
     "Recipe",
@@ -61,9 +69,11 @@ __all__ = [
     "bad_samples_message",
     "build_lane",
     "dataset_tokens",
+    "definition_digest",
     "estimate_tokens",
     "ledger_file",
     "max_workers",
+    "metered",
     "parse_recipe",
     "prepare",
 ]

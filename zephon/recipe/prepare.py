@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any, cast
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm.std import tqdm  # tqdm.auto warns in a notebook kernel without ipywidgets (IProgress)
 
 from zephon.data import (
     DatasetIndex,
@@ -287,7 +287,10 @@ def index_kwargs(ds: DatasetSpec) -> dict[str, Any]:
 def _index(spec: RecipeSpec, s: DatasetSpec, progress: bool | None) -> ShardIndex:
     if s.kind == "text":
         return index_dataset(s.name, s.path, cache_dir=spec.cache_dir, progress=progress, **index_kwargs(s))
-    return index_multimodal(s.name, s.path, cache_dir=spec.cache_dir, **index_kwargs(s))
+    # which tar members are images: the four classic extensions under data version 1 (a skip
+    # recipe keeps skipping the samples it skipped), every one Pillow opens from version 2
+    tar_images = "classic" if spec.data_version < 2 else "pillow"
+    return index_multimodal(s.name, s.path, cache_dir=spec.cache_dir, tar_images=tar_images, **index_kwargs(s))
 
 
 def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:

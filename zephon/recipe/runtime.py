@@ -16,6 +16,7 @@ trainer that asks for ``local_batch_size`` rows at a time gets each step in cons
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -97,6 +98,9 @@ class RankBatches:
         #: slices per recipe step (a trainer's gradient-accumulation steps x pipeline microbatches)
         self.microbatches_per_step = rows // lbs
         self._workers, self._digests = workers, digests
+        # next_step / next_slice / state_dict / load_state_dict from any thread: a state taken
+        # by a checkpointer thread matches the step last handed out
+        self._lock = threading.RLock()
         self._source: Router | GlobalLoader = self._open()
         self._closed = False
         self._batch: dict[str, Any] | None = None
@@ -136,6 +140,10 @@ class RankBatches:
 
     def next_step(self) -> dict[str, Any]:
         """The whole next recipe step (this rank's rows, numpy); StopIteration at the end of the data."""
+        with self._lock:
+            return self._next_step()
+
+    def _next_step(self) -> dict[str, Any]:
         if self.ended:
             raise StopIteration
         try:
@@ -149,13 +157,14 @@ class RankBatches:
     def next_slice(self) -> tuple[dict[str, Any], int, int]:
         """``(step batch, lo, hi)``: the next ``local_batch_size`` rows ``lo:hi`` of the current
         recipe step, fetching the next step when this one is used up (``lo == 0``)."""
-        if self._batch is None or self._offset >= self.rows_per_step:
-            self.next_step()
-            self._offset = 0
-        assert self._batch is not None
-        lo = self._offset
-        self._offset = lo + self.local_batch_size
-        return self._batch, lo, self._offset
+        with self._lock:
+            if self._batch is None or self._offset >= self.rows_per_step:
+                self._next_step()
+                self._offset = 0
+            assert self._batch is not None
+            lo = self._offset
+            self._offset = lo + self.local_batch_size
+            return self._batch, lo, self._offset
 
     @property
     def between_steps(self) -> bool:
@@ -187,6 +196,10 @@ class RankBatches:
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Lane-keyed state (see :func:`zephon.engine.checkpoint.encode_state`); refused in the middle of a step."""
+        with self._lock:
+            return self._state_dict()
+
+    def _state_dict(self) -> dict[str, Any]:
         if not self.between_steps:
             raise StateError(
                 self._hinted(
@@ -202,6 +215,10 @@ class RankBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the lanes of this rank (or every rank) from a merged or per-rank lane-keyed state."""
+        with self._lock:
+            self._load_state_dict(state)
+
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
         if self._closed:  # ended or closed earlier: a fresh source takes the state
             self._source = self._open()
             self._closed = False

@@ -8,9 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
-import threading
 import time
 import traceback
 import warnings
@@ -24,7 +22,16 @@ from zephon.engine import PipelineError, StateError, WorkerConfig
 from zephon.engine.checkpoint import decode_state, encode_state, load_state, save_state
 from zephon.engine.digest import batch_sha256
 from zephon.engine.lanes import check_world_size
-from zephon.recipe import RankBatches, Recipe, RecipeError, bad_samples_message, max_workers
+from zephon.engine.shutdown import Terminated, stop_on_signals
+from zephon.recipe import (
+    LedgerWriter,
+    RankBatches,
+    Recipe,
+    RecipeError,
+    bad_samples_message,
+    dataset_tokens,
+    max_workers,
+)
 
 from .demo import demo_recipe
 from .display import describe_plan, format_batch_rows, format_row
@@ -35,18 +42,6 @@ from .ledger_diff import run_ledger_diff
 __all__ = ["main", "run_hashes"]
 
 STATE_FILE = "zephon_state.json"
-
-
-class Terminated(SystemExit):
-    """Raised in the main thread by SIGTERM (a scheduler's preemption): the ``with`` blocks
-    unwind, so every worker pool is closed, and ``zephon`` exits with 143 (128 + 15)."""
-
-    def __init__(self) -> None:
-        super().__init__(143)
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise Terminated()
 
 
 def _state_file(resume: str) -> str:
@@ -79,6 +74,8 @@ def run_hashes(
     out: Any = None,
     digest: str = "batch",
     err: Any = None,
+    ledger: str | None = None,
+    recipe_path: str = "",
 ) -> list[str]:
     """Print ``step <t> <sha256>`` for each global batch; optionally save or resume lane-keyed state.
 
@@ -87,6 +84,9 @@ def run_hashes(
     the global batch; ``"ledger"``: the digest a run's batch ledger records for the step
     (:func:`zephon.engine.digest.ledger_digest` of the lanes' digests). A finite recipe that ends
     before ``steps`` prints every step there is and says on ``err`` (stderr) where it ended.
+    ``steps`` counts the steps computed by this call: after a ``resume``, that many *more*.
+    ``ledger``: a folder to write the batch ledger a training run on ``world_size`` ranks would
+    write (one file per rank; ``zephon ledger show`` / ``diff`` read it), on a CPU.
 
     >>> import io, tempfile
     >>> from zephon.tools.demo import demo_recipe
@@ -102,11 +102,15 @@ def run_hashes(
         raise ValueError(f"digest must be 'batch' or 'ledger', got {digest!r}")
     hashes = []
     state = load_state(_state_file(resume), lanes=recipe.lanes) if resume else None
-    with RankBatches(recipe, world_size, None, workers=workers, digests=digest == "ledger") as g:
+    digests = digest == "ledger" or ledger is not None
+    with RankBatches(recipe, world_size, None, workers=workers, digests=digests) as g:
         start = 0
         if state is not None:
             g.load_state_dict(state)
             start = g.step
+            say = f"resumed after step {start - 1} from {resume}; --steps {steps} computes the next {steps} steps"
+            print(f"zephon hashes: {say} ({start}..{start + steps - 1})", file=err, flush=True)
+        writers = _ledger_writers(recipe, world_size, ledger, recipe_path) if ledger is not None else []
         if save_at is not None and not start < save_at <= start + steps:
             raise ValueError(
                 f"--save-at {save_at} is not one of the steps this run computes ({start + 1}..{start + steps}): "
@@ -129,10 +133,57 @@ def run_hashes(
             h = g.step_digest() if digest == "ledger" else batch_sha256(batch)
             hashes.append(h)
             print(f"step {t} {h}", file=out, flush=True)
+            _write_ledgers(writers, recipe, t, g.lane_digests() if writers else [], batch)
             if save_at is not None and checkpoint is not None and t + 1 == save_at:
-                os.makedirs(checkpoint, exist_ok=True)
-                save_state(os.path.join(checkpoint, STATE_FILE), g.state_dict())
+                _save(g, checkpoint, t, err)
+        for w in writers:
+            w.close()
+        if writers:
+            print(f"zephon hashes: wrote the batch ledger of {world_size} rank(s) to {ledger}", file=err, flush=True)
     return hashes
+
+
+def _save(g: RankBatches, checkpoint: str, t: int, err: Any) -> None:
+    """``--save-at``: the state after step ``t``, written durably, and a line saying where."""
+    os.makedirs(checkpoint, exist_ok=True)
+    path = os.path.join(checkpoint, STATE_FILE)
+    save_state(path, g.state_dict())
+    print(
+        f"zephon hashes: saved the state after step {t} to {path}; --resume {checkpoint} continues at step {t + 1} "
+        "on any valid world size",
+        file=err,
+        flush=True,
+    )
+
+
+def _ledger_writers(recipe: Recipe, world_size: int, folder: str, recipe_path: str) -> list[LedgerWriter]:
+    """One ledger writer per rank, as a training run on ``world_size`` ranks has (``zephon hashes --ledger``)."""
+    per = recipe.lanes // world_size
+    names = [d.name for d in recipe.datasets]
+    src = os.path.abspath(recipe_path) if recipe_path else "<recipe>"
+    return [
+        LedgerWriter(
+            folder,
+            rank=r,
+            world_size=world_size,
+            lane_range=range(r * per, (r + 1) * per),
+            lanes=recipe.lanes,
+            recipe=src,
+            fingerprint=recipe.fingerprint,
+            datasets=names,
+        )
+        for r in range(world_size)
+    ]
+
+
+def _write_ledgers(writers: list[LedgerWriter], recipe: Recipe, t: int, digests: list[str], batch: Any) -> None:
+    """Global batch ``t``'s line in each rank's ledger: its lanes' digests and tokens per dataset."""
+    if not writers:
+        return
+    tokens = dataset_tokens(batch["dataset"], recipe.rows_per_lane, len(recipe.datasets))
+    for w in writers:
+        lo, hi = w.lane_range.start, w.lane_range.stop
+        w.write(t, digests[lo:hi], tokens[lo:hi])
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -191,12 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("ZEPHON_DEBUG", "") not in ("", "0")
 
-    # SIGTERM (a scheduler's preemption) unwinds like Ctrl-C: pools closed, nothing left behind
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    # SIGTERM (a scheduler's preemption) unwinds like Ctrl-C: pipelines cancelled, pools
+    # closed, nothing left behind, and a watchdog ends the process if that takes too long
     try:
-        with _warnings_as_lines(args.cmd):
+        with stop_on_signals(f"zephon {args.cmd}"), _warnings_as_lines(args.cmd):
             return _run(parser, args)
     except Terminated:
         print(f"zephon {args.cmd}: terminated (SIGTERM); workers stopped", file=sys.stderr)
@@ -218,9 +267,6 @@ def main(argv: list[str] | None = None) -> int:
         if not debug and tb:
             print("(run with --debug or ZEPHON_DEBUG=1 for the worker's traceback)", file=sys.stderr)
         return 2
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -257,16 +303,51 @@ def _add_demo_and_hashes(sub: Any, common: argparse.ArgumentParser) -> None:
         "demo", help="run the bundled demo offline: decoded rows and hashes across world sizes", parents=[common]
     )
     d.add_argument("--root", default=None, help="where to generate the demo data (default ~/.cache/zephon/demo)")
-    d.add_argument("--steps", type=_positive, default=6)
+    d.add_argument("--steps", type=_positive, default=6, help="global batches hashed per world size (default 6)")
     h = sub.add_parser("hashes", help="print `step <t> <sha256>` of every global batch", parents=[common])
-    h.add_argument("recipe")
-    h.add_argument("--world-size", type=_positive, default=1)
-    h.add_argument("--steps", type=_positive, default=10)
-    h.add_argument("--workers", type=_count, default=None)
-    h.add_argument("--backend", choices=["thread", "process"], default=None)
-    h.add_argument("--save-at", type=_positive, default=None, help="save the lane-keyed state after this step")
-    h.add_argument("--checkpoint", default=None, help="folder for --save-at")
-    h.add_argument("--resume", default=None, help="folder (or file) written by --save-at; any valid world size")
+    h.add_argument("recipe", help="the recipe TOML file")
+    h.add_argument(
+        "--world-size",
+        type=_positive,
+        default=1,
+        help="data-parallel ranks simulated in this process (a divisor of the recipe's lanes; the hashes never change)",
+    )
+    h.add_argument(
+        "--steps",
+        type=_positive,
+        default=10,
+        help="global batches to compute (default 10); with --resume, that many MORE after the resumed step",
+    )
+    h.add_argument(
+        "--workers",
+        type=_count,
+        default=None,
+        help="worker count for every pool (default: the recipe's; never changes data)",
+    )
+    h.add_argument(
+        "--backend",
+        choices=["thread", "process"],
+        default=None,
+        help="worker backend (default: the recipe's; never changes the data)",
+    )
+    h.add_argument(
+        "--save-at",
+        type=_positive,
+        default=None,
+        help="save the lane-keyed state after this many steps (with --checkpoint); stderr says where",
+    )
+    h.add_argument("--checkpoint", default=None, help="folder --save-at writes state.json to (created if missing)")
+    h.add_argument(
+        "--resume",
+        default=None,
+        help="folder (or file) written by --save-at: continue after its step, on any valid world size",
+    )
+    h.add_argument(
+        "--ledger",
+        default=None,
+        metavar="DIR",
+        help="also write the batch ledger a training run on --world-size ranks writes (zephon ledger show DIR)",
+    )
     h.add_argument(
         "--digest",
         choices=["batch", "ledger"],
@@ -306,9 +387,11 @@ def _add_inspect(sub: Any, common: argparse.ArgumentParser) -> None:
     i = sub.add_parser(
         "inspect", help="show the plan: datasets, token shares, lanes; --show N decoded rows", parents=[common]
     )
-    i.add_argument("recipe")
-    i.add_argument("--show", type=_count, default=0)
-    i.add_argument("--world-size", type=_positive, default=None)
+    i.add_argument("recipe", help="the recipe TOML file")
+    i.add_argument("--show", type=_count, default=0, help="decode and print this many rows of the first batch")
+    i.add_argument(
+        "--world-size", type=_positive, default=None, help="show the lane map and memory of this many ranks (default 1)"
+    )
     i.add_argument("--measure-steps", type=_positive, default=4, help="steps run to measure packing efficiency")
 
 
@@ -394,6 +477,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint,
             resume=args.resume,
             digest=args.digest,
+            ledger=args.ledger,
+            recipe_path=args.recipe,
         )
         return 0
     if args.cmd == "inspect":

@@ -338,25 +338,32 @@ def _prepare_all(idx: DatasetIndex, progress: bool | None) -> list[tuple[dict[st
         progress = n > 4 and sys.stderr.isatty()
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm.std import tqdm
 
         bar = tqdm(total=n, desc=f"indexing {idx.name}", unit="shard")
     results: dict[int, tuple[dict[str, np.ndarray], bool]] = {}
     errors: dict[int, BaseException] = {}
     workers = max(1, min(8, os.cpu_count() or 1, n))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-index")
     try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-index") as pool:
-            futs = {pool.submit(idx._prepare, s): s for s in range(n)}
-            for fut in as_completed(futs):
-                s = futs[fut]
-                try:
-                    results[s] = fut.result()
-                except BaseException as e:
-                    errors[s] = e
-                    for f in futs:
-                        f.cancel()
-                if bar is not None:
-                    bar.update(1)
+        futs = {pool.submit(idx._prepare, s): s for s in range(n)}
+        for fut in as_completed(futs):
+            s = futs[fut]
+            try:
+                results[s] = fut.result()
+            except BaseException as e:
+                errors[s] = e
+                for f in futs:
+                    f.cancel()
+            if bar is not None:
+                bar.update(1)
+    except BaseException:
+        # interrupted (Ctrl-C, SIGTERM): the queued shards are dropped, not indexed first; the
+        # few being indexed end by themselves (their cache writes are atomic)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    else:
+        pool.shutdown(wait=True)
     finally:
         if bar is not None:
             bar.close()

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BadRecord
-from .samples import ImageTextStore, MMRecord, image_header_size
+from .samples import ImageTextStore, MMRecord, image_header_size, value_crc
 
 __all__ = ["MMParquetReader"]
 
@@ -30,7 +30,23 @@ class MMParquetReader:
             # pages written with a CRC are verified: a corrupted page raises instead of being used
             return pq.ParquetFile(sp.fs.open(sp.fspath, "rb"), page_checksum_verification=True)
         except Exception as e:
+            if self.ix._transient(e):
+                raise  # retried by the caller
             raise self.ix._err(s, f"not a valid Parquet file: {e}", "Re-download or rewrite the file.") from None
+
+    def _group(self, s: int, rg: int) -> Any:
+        """Row group ``rg`` of shard s (its image and text columns), read with retries and
+        checked against its indexed CRC-32: a file changed since it was indexed is refused."""
+        ix = self.ix
+
+        def load() -> Any:
+            t = self._parquet(s).read_row_group(rg, columns=[ix.image_field, ix.text_field])
+            if _group_crc(t, ix.image_field, ix.text_field) != int(ix._shard(s)["crcs"][rg]):
+                groups = ix._shard(s)["groups"]
+                raise ix._changed_error(s, f"row group {rg} (rows {int(groups[rg])}..{int(groups[rg + 1]) - 1})")
+            return t
+
+        return ix._caches["groups"].get((s, rg), lambda: ix._retrying(s, "reading", load))
 
     def _columns(self, s: int, pf: Any) -> tuple[str, str]:
         names = pf.schema_arrow.names
@@ -87,10 +103,11 @@ class MMParquetReader:
         pf = self._parquet(s)
         ic, tc = self._columns(s, pf)
         md = pf.metadata
-        counts, lengths, n_img, ws, hs = [], [], [], [], []
+        counts, lengths, n_img, ws, hs, crcs = [], [], [], [], [], []
         for rg in range(md.num_row_groups):
             t = pf.read_row_group(rg, columns=[ic, tc])
             counts.append(t.num_rows)
+            crcs.append(_group_crc(t, ic, tc))  # the read unit's CRC-32, checked on every read
             for img, txt in zip(t.column(ic).to_pylist(), t.column(tc).to_pylist()):
                 segs, _bad = self._record_from_row(img, txt)
                 segs = segs or ()
@@ -111,6 +128,7 @@ class MMParquetReader:
             "n_img": np.array(n_img, np.int64),
             "img_w": np.array(ws, np.int64),
             "img_h": np.array(hs, np.int64),
+            "crcs": np.array(crcs, np.int64),
         }
 
     def read(self, s: int, idx: np.ndarray) -> list[Any]:
@@ -122,12 +140,7 @@ class MMParquetReader:
         out: list[Any] = [None] * idx.size
         disp = self.ix._specs[s].display
         for rg in np.unique(rg_of).tolist():
-
-            def load(rg: int = rg) -> Any:
-                pf = self._parquet(s)
-                return pf.read_row_group(rg, columns=[self.ix.image_field, self.ix.text_field])
-
-            t = self.ix._caches["groups"].get((s, rg), load)
+            t = self._group(s, rg)
             ks = np.flatnonzero(rg_of == rg)
             take = pa.array(idx[ks] - groups[rg])
             imgs = t.column(self.ix.image_field).take(take).to_pylist()
@@ -155,9 +168,7 @@ class MMParquetReader:
         ix = self.ix
         groups = ix._shard(s)["groups"]
         rg = int(np.searchsorted(groups, record, side="right") - 1)
-        t = ix._caches["groups"].get(
-            (s, rg), lambda: self._parquet(s).read_row_group(rg, columns=[ix.image_field, ix.text_field])
-        )
+        t = self._group(s, rg)
         k = int(record - groups[rg])
         img, txt = t.column(ix.image_field)[k].as_py(), t.column(ix.text_field)[k].as_py()
         row = int(record)
@@ -175,3 +186,11 @@ class MMParquetReader:
                 for j, seg in self._interleaved(img, txt)
             ]
         return [src("image", None, img), src("text", None, txt)]
+
+
+def _group_crc(t: Any, image_field: str, text_field: str) -> int:
+    """CRC-32 of a row group's image and text cells, row by row (:func:`value_crc`)."""
+    crc = 0
+    for img, txt in zip(t.column(image_field).to_pylist(), t.column(text_field).to_pylist()):
+        crc = value_crc(txt, value_crc(img, crc))
+    return crc

@@ -42,12 +42,13 @@ from .index import DEFAULT_MAX_RECORD_BYTES
 from .mm_parquet import MMParquetReader
 from .resolve import MM_FORMATS, ShardMeta, ShardSpec, mm_shard_specs, open_cache_dir, pick_mm_format, resolve_files
 from .samples import ImageTextStore, MMRecord, image_header_size
-from .wds import IMAGE_EXTS, WdsReader
+from .wds import IMAGE_EXTS, TAR_IMAGES, WdsReader
 
 __all__ = ["IMAGE_EXTS", "KINDS", "MM_FORMATS", "MMRecord", "MultimodalIndex", "image_header_size", "index_multimodal"]
 
 KINDS = ("text", "image_text", "interleaved")
-_CACHE_VERSION = 3  # 2: tar member names (provenance); 3: damaged tar regions as records
+# 2: tar member names (provenance); 3: damaged tar regions as records; 4: CRC-32 per read unit
+_CACHE_VERSION = 4
 
 
 class MultimodalIndex(ImageTextStore):
@@ -90,8 +91,10 @@ class MultimodalIndex(ImageTextStore):
         specs: list[ShardSpec],
         cache_dir: str | None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        tar_images: str = "pillow",
     ) -> None:
         self.name, self.kind, self.format = name, kind, format
+        self.image_exts = TAR_IMAGES[tar_images]
         self.max_record_bytes = int(max_record_bytes)  # larger samples read back as BadRecord, unread
         self.text_field, self.image_field = text_field, image_field
         self._specs = specs
@@ -146,8 +149,8 @@ class MultimodalIndex(ImageTextStore):
             return None
         sp = self._specs[s]
         fields: list[Any] = [self.kind, self.format, self.text_field, self.image_field]
-        if self.format == "wds":  # which tar members are images: Pillow's extensions (by version)
-            fields.append(list(IMAGE_EXTS))
+        if self.format == "wds":  # which tar members are images (by data version, Pillow's version)
+            fields.append(list(self.image_exts))
         blob = json.dumps(["mm", _CACHE_VERSION, sp.url, *fields, sp.size, sp.version])
         return os.path.join(self.cache_dir, "mm-" + hashlib.sha256(blob.encode()).hexdigest() + ".npz")
 
@@ -240,6 +243,7 @@ def index_multimodal(
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     on_error: str = "raise",
     same_file: str = "each",
+    tar_images: str = "pillow",
 ) -> MultimodalIndex:
     """Find the shards of an image-text dataset and build (or load cached) per-shard metadata.
 
@@ -248,9 +252,13 @@ def index_multimodal(
     "skip"`` each damaged region is indexed as one record that reads back as a
     :class:`BadRecord` (a counted skip), and reading resumes at the next valid header. A sample
     above ``max_record_bytes`` (image and caption together) reads back as a BadRecord, unread.
-    ``same_file = "once"`` reads a file reached through several paths (symlinks) once."""
+    ``same_file = "once"`` reads a file reached through several paths (symlinks) once.
+    ``tar_images``: which tar members are images, "pillow" (every extension Pillow opens; data
+    version 2) or "classic" (``.jpg``/``.jpeg``/``.png``/``.webp``; data version 1)."""
     if on_error not in ("raise", "skip"):
         raise DataError(f"unknown on_error {on_error!r}", dataset=name, fix='Use on_error = "raise" or "skip".')
+    if tar_images not in TAR_IMAGES:
+        raise DataError(f"unknown tar_images {tar_images!r}", dataset=name, fix=f"Use one of {sorted(TAR_IMAGES)}.")
     if kind not in ("image_text", "interleaved"):
         raise DataError(f"unknown kind {kind!r}", dataset=name, fix='Use kind = "image_text" or "interleaved".')
     files = resolve_files(name, path, "auto")
@@ -267,7 +275,15 @@ def index_multimodal(
         image_field = "images" if kind == "interleaved" else "image"
     cache_dir = open_cache_dir(cache_dir, warn=False)
     ix = MultimodalIndex(
-        name, kind, fmt, text_field, image_field, mm_shard_specs(files, same_file), cache_dir, max_record_bytes
+        name,
+        kind,
+        fmt,
+        text_field,
+        image_field,
+        mm_shard_specs(files, same_file),
+        cache_dir,
+        max_record_bytes,
+        tar_images,
     )
     if on_error == "raise":
         for s in range(len(ix.shards)):

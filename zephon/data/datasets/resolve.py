@@ -22,7 +22,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import DataError
-from .retry import storage_failure, storage_options, with_retries
+from .retry import bound_retries, storage_failure, storage_options, with_retries
 
 __all__ = [
     "FORMATS",
@@ -203,6 +203,7 @@ def resolve_files(name: str, path, fmt: str) -> list[tuple[Any, str, dict, str |
     for entry in _entries(name, path):
         try:
             fs, p = fsspec.core.url_to_fs(entry, **storage_options(entry))
+            bound_retries(fs)
         except (ImportError, ValueError) as e:
             raise DataError(
                 f"cannot open the file system for '{entry}': {e}",

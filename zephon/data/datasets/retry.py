@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 __all__ = [
     "RangeIgnoredError",
+    "bound_retries",
     "io_retry_s",
     "io_timeout_s",
     "storage_failure",
@@ -31,6 +32,9 @@ try:  # aiohttp comes with fsspec's HTTP backend; without it there are no aiohtt
     import aiohttp as _aiohttp
 except ImportError:  # pragma: no cover - aiohttp is installed with fsspec[http]
     _aiohttp = None  # type: ignore[assignment]
+
+#: botocore errors (S3 through s3fs) worth retrying: connections refused, dropped or timed out
+_BOTO_TRANSIENT = frozenset({"ConnectionError", "HTTPClientError", "ReadTimeoutError", "ConnectTimeoutError"})
 
 #: HTTP statuses worth retrying: the server is overloaded or failed for the moment
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -72,10 +76,25 @@ def storage_options(url: str) -> dict[str, Any]:
     >>> storage_options("/data/a.jsonl"), sorted(storage_options("http://h/a.jsonl"))
     ({}, ['client_kwargs'])
     """
-    if _aiohttp is None or not url.lower().startswith(("http://", "https://")):
+    low = url.lower()
+    if low.startswith(("s3://", "s3a://")):
+        # botocore waits 60 s on a stalled read and retries on its own: one bounded try per
+        # request (s3fs adds a few quick ones), retried within $ZEPHON_IO_RETRY_S by with_retries
+        t = io_timeout_s()
+        return {"config_kwargs": {"connect_timeout": t, "read_timeout": t, "retries": {"max_attempts": 1}}}
+    if _aiohttp is None or not low.startswith(("http://", "https://")):
         return {}
     t = io_timeout_s()
     return {"client_kwargs": {"timeout": _aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t)}}
+
+
+def bound_retries(fs: Any) -> None:
+    """Leave the retrying to :func:`with_retries` (bounded by ``$ZEPHON_IO_RETRY_S``): s3fs
+    retries each request 5 times inside each of its own 5 retries, so one stalled S3 read took
+    25 timeouts (minutes) before zephon saw it. Only a file system made with zephon's
+    :func:`storage_options` (its timeouts) is changed."""
+    if "s3" in getattr(fs, "protocol", ()) and isinstance(getattr(fs, "retries", None), int):
+        fs.retries = 1
 
 
 def transient(e: BaseException) -> str | None:
@@ -100,6 +119,10 @@ def transient(e: BaseException) -> str | None:
             return f"connection dropped ({type(e).__name__}: {e})"
     if isinstance(e, (ConnectionError, EOFError)):
         return f"connection error ({type(e).__name__}: {e})"
+    names = {c.__name__ for c in type(e).__mro__ if c.__module__.startswith("botocore")}
+    if names & _BOTO_TRANSIENT:  # S3 through s3fs: botocore's own connection and timeout errors
+        timeout = "Timeout" in type(e).__name__
+        return f"{'no answer within ' + format(io_timeout_s(), 'g') + ' s (timeout)' if timeout else 'connection error'} ({type(e).__name__}: {e})"
     return None
 
 

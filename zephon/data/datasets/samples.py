@@ -6,16 +6,48 @@ from __future__ import annotations
 
 import io
 import warnings
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .cache import ShardStore
 from .errors import DataError
 from .resolve import ShardSpec
+from .retry import storage_failure, transient, with_retries
 
-__all__ = ["ImageTextStore", "MMRecord", "image_header_size"]
+__all__ = ["ImageTextStore", "MMRecord", "image_header_size", "value_crc"]
+
+T = TypeVar("T")
+
+
+def value_crc(v: Any, crc: int = 0) -> int:
+    """CRC-32 of a cell's value (bytes, text, None, lists and dicts of them) in one canonical
+    encoding (type, length, bytes): what an image-text Parquet read is checked against.
+
+    >>> value_crc([b"ab", None]) == value_crc([b"ab", None]), value_crc(["ab"]) == value_crc([b"ab"])
+    (True, False)
+    """
+    if v is None:
+        return zlib.crc32(b"N", crc)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return zlib.crc32(v, zlib.crc32(b"B%d:" % len(v), crc))
+    if isinstance(v, str):
+        b = v.encode("utf-8", "surrogatepass")
+        return zlib.crc32(b, zlib.crc32(b"S%d:" % len(b), crc))
+    if isinstance(v, dict):
+        crc = zlib.crc32(b"D%d:" % len(v), crc)
+        for k in sorted(v, key=str):
+            crc = value_crc(v[k], value_crc(str(k), crc))
+        return crc
+    if isinstance(v, (list, tuple)):
+        crc = zlib.crc32(b"L%d:" % len(v), crc)
+        for x in v:
+            crc = value_crc(x, crc)
+        return crc
+    return zlib.crc32(repr(v).encode(), zlib.crc32(b"R", crc))
 
 
 @dataclass(frozen=True)
@@ -75,9 +107,51 @@ class ImageTextStore(ShardStore):
     format: str
     text_field: str
     image_field: str
+    #: tar member extensions read as images (see :data:`zephon.data.datasets.wds.TAR_IMAGES`)
+    image_exts: tuple[str, ...]
     max_record_bytes: int
     _specs: list[ShardSpec]
     _arrays: dict[int, dict[str, np.ndarray]]
 
-    def _err(self, s: int, reason: str, fix: str) -> DataError:
-        return DataError(reason, dataset=self.name, file=self._specs[s].display, fix=fix)
+    def _err(self, s: int, reason: str, fix: str, locator: str | None = None) -> DataError:
+        return DataError(reason, dataset=self.name, file=self._specs[s].display, locator=locator, fix=fix)
+
+    def _changed_error(self, s: int, locator: str) -> DataError:
+        """The bytes read for ``locator`` are not the ones indexed (their CRC-32 differs)."""
+        return self._err(
+            s,
+            "the bytes read are not the ones indexed: the file changed since it was indexed (its size and "
+            "modification time may be unchanged, or the index cache is stale)",
+            "Do not modify or replace shard files during a run; if it was replaced on purpose, restart so that "
+            "it is indexed again (a checkpoint taken on the old content cannot resume on the new).",
+            locator,
+        )
+
+    def _retrying(self, s: int, doing: str, fn: Callable[[], T]) -> T:
+        """``fn()`` (an operation on shard s's file); for a remote file, transient faults (5xx,
+        dropped connections, stalls) are retried with backoff inside ``$ZEPHON_IO_RETRY_S``, then
+        raised as a DataError naming the URL, as the text readers do."""
+        if self._specs[s].local:
+            return fn()
+
+        def fail(why: str) -> DataError:
+            return self._err(
+                s,
+                f"{doing} failed: the storage kept failing ({why})",
+                "Check that the server is up and reachable; raise $ZEPHON_IO_RETRY_S (seconds of retries) or "
+                "$ZEPHON_IO_TIMEOUT_S (seconds one request may stall) to wait longer.",
+            )
+
+        try:
+            return with_retries(fn, fail)
+        except DataError:
+            raise
+        except Exception as e:
+            why = storage_failure(e)
+            if why is None:
+                raise
+            raise self._err(s, f"{doing} failed: {why}", "Check the URL and the server's permissions.") from None
+
+    def _transient(self, e: BaseException) -> bool:
+        """Whether ``e`` is a storage fault worth retrying (then it is raised as it is)."""
+        return transient(e) is not None

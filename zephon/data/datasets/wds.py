@@ -13,15 +13,16 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+import zlib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from .errors import BadRecord
+from .errors import BadRecord, DataError
 from .samples import ImageTextStore, MMRecord, image_header_size
 
-__all__ = ["IMAGE_EXTS", "TEXT_EXTS", "WdsReader", "tar_member_role"]
+__all__ = ["CLASSIC_IMAGE_EXTS", "IMAGE_EXTS", "TAR_IMAGES", "TEXT_EXTS", "WdsReader", "tar_member_role"]
 
 
 def _pillow_image_exts() -> tuple[str, ...]:
@@ -44,6 +45,11 @@ def _pillow_image_exts() -> tuple[str, ...]:
 #: tar member extensions (lower case, after the key's first dot) read as a sample's image: every
 #: extension Pillow can open (see :func:`_pillow_image_exts`)
 IMAGE_EXTS = _pillow_image_exts()
+#: the tar image extensions of data version 1 (a recipe's tar shards keep their samples, and a
+#: skip recipe the samples it skips, under ``data_version = 1``)
+CLASSIC_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+#: which tar members are images, by name: "classic" (data version 1), "pillow" (version 2)
+TAR_IMAGES = {"classic": CLASSIC_IMAGE_EXTS, "pillow": IMAGE_EXTS}
 #: tar member extensions read as a sample's caption (``json``: the caption is under text_field)
 TEXT_EXTS = ("txt", "json")
 _BLOCK = 512
@@ -55,19 +61,22 @@ def _listed(exts: tuple[str, ...]) -> str:
     return "/".join("." + e for e in exts)
 
 
-def tar_member_role(name: str) -> tuple[str, str, str] | None:
+def tar_member_role(name: str, image_exts: tuple[str, ...] = IMAGE_EXTS) -> tuple[str, str, str] | None:
     """``(sample key, "image" | "text", extension)`` of a tar member's name, or None for a
-    member that is not part of a sample (hidden, without an extension, or another kind).
+    member that is not part of a sample (hidden, without an extension, or another kind);
+    ``image_exts``: the extensions read as images (:data:`TAR_IMAGES`).
 
     >>> tar_member_role("shard/0001.JPG"), tar_member_role("0001.json"), tar_member_role("0001.cls")
     (('shard/0001', 'image', 'jpg'), ('0001', 'text', 'json'), None)
+    >>> tar_member_role("0001.gif"), tar_member_role("0001.gif", CLASSIC_IMAGE_EXTS)
+    (('0001', 'image', 'gif'), None)
     """
     d, _, base = name.rpartition("/")
     if base.startswith(".") or "." not in base:
         return None
     stem, ext = base.split(".", 1)
     ext = ext.lower()
-    slot = "image" if ext in IMAGE_EXTS else "text" if ext in TEXT_EXTS else None
+    slot = "image" if ext in image_exts else "text" if ext in TEXT_EXTS else None
     if slot is None:
         return None
     return (f"{d}/{stem}" if d else stem), slot, ext
@@ -136,10 +145,30 @@ class WdsReader:
                 s, f"cannot open the file ({type(e).__name__}: {e})", "Check the path and its permissions."
             ) from None
 
-    def _read_range(self, s: int, off: int, n: int) -> bytes:
+    def _io_error(self, s: int, e: OSError) -> DataError:
+        return self.ix._err(
+            s,
+            f"I/O error while reading it ({type(e).__name__}: {e})",
+            "Check that the storage is reachable and the file is intact, then retry.",
+        )
+
+    def _fetch(self, s: int, off: int, n: int) -> bytes:
+        """One try at bytes ``off:off+n`` of remote shard s (transient faults raised as they are,
+        for :meth:`ImageTextStore._retrying`)."""
         sp = self.ix._specs[s]
         try:
-            if sp.local:
+            return sp.fs.cat_file(sp.fspath, start=off, end=off + n)
+        except OSError as e:
+            if self.ix._transient(e):
+                raise
+            raise self._io_error(s, e) from None
+
+    def _read_range(self, s: int, off: int, n: int) -> bytes:
+        sp = self.ix._specs[s]
+        if not sp.local:
+            data = self.ix._retrying(s, "reading", lambda: self._fetch(s, off, n))
+        else:
+            try:
                 st = os.stat(sp.fspath)
                 if st.st_size != sp.size or str(st.st_mtime_ns) != sp.version:
                     raise self.ix._err(
@@ -152,14 +181,8 @@ class WdsReader:
                     data = os.pread(fd, n, off)
                 finally:
                     os.close(fd)
-            else:
-                data = sp.fs.cat_file(sp.fspath, start=off, end=off + n)
-        except OSError as e:
-            raise self.ix._err(
-                s,
-                f"I/O error while reading it ({type(e).__name__}: {e})",
-                "Check that the storage is reachable and the file is intact, then retry.",
-            ) from None
+            except OSError as e:
+                raise self._io_error(s, e) from None
         if len(data) != n:
             raise self.ix._err(
                 s,
@@ -212,8 +235,10 @@ class WdsReader:
         f.seek(0, os.SEEK_END)
         size = f.tell()
 
+        exts = self.ix.image_exts
+
         def add(m: tarfile.TarInfo) -> None:
-            role = tar_member_role(m.name)
+            role = tar_member_role(m.name, exts)
             if role is None:
                 return
             key, slot, ext = role
@@ -247,6 +272,8 @@ class WdsReader:
         n = len(order)
         a = {k: np.full(n, -1, np.int64) for k in ("img_off", "img_len", "txt_off", "txt_len", "damage", "damage_end")}
         a["txt_json"] = np.zeros(n, np.int64)
+        # CRC-32 of each member's bytes, checked on every read (size and mtime are not identity)
+        a["img_crc"], a["txt_crc"] = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
         a["damage_kind"] = np.zeros(n, np.int64)
         widths, heights = [], []
         names = {"img_name": [""] * n, "txt_name": [""] * n}
@@ -264,14 +291,17 @@ class WdsReader:
                     names["img_name" if slot == "image" else "txt_name"][i] = got[slot][3]
             if "image" in got:
                 a["img_off"][i], a["img_len"][i] = got["image"][0], got["image"][1]
-                w, h = image_header_size(self._read_range(s, got["image"][0], min(got["image"][1], 1 << 16)))
+                data = self._read_range(s, got["image"][0], got["image"][1])
+                a["img_crc"][i] = zlib.crc32(data)
+                w, h = image_header_size(data[: 1 << 16])
                 if (w, h) == (0, 0) and got["image"][1] > (1 << 16):
-                    w, h = image_header_size(self._read_range(s, got["image"][0], got["image"][1]))
+                    w, h = image_header_size(data)
                 widths.append(w)
                 heights.append(h)
             if "text" in got:
                 a["txt_off"][i], a["txt_len"][i] = got["text"][0], got["text"][1]
                 a["txt_json"][i] = 1 if got["text"][2] == "json" else 0
+                a["txt_crc"][i] = zlib.crc32(self._read_range(s, got["text"][0], got["text"][1]))
         a["keys"] = np.array(keys, dtype=np.str_) if keys else np.zeros(0, dtype="<U1")
         for k, v in names.items():
             a[k] = np.array(v, dtype=np.str_) if v else np.zeros(0, dtype="<U1")
@@ -279,6 +309,12 @@ class WdsReader:
         a["n_img"] = (a["img_len"] >= 0).astype(np.int64)
         a["img_w"], a["img_h"] = np.array(widths, np.int64), np.array(heights, np.int64)
         return a
+
+    def _image_kinds(self) -> str:
+        exts = self.ix.image_exts
+        if exts == CLASSIC_IMAGE_EXTS:
+            return f"{_listed(exts)}; data version 2 reads every extension Pillow opens"
+        return f"a member Pillow can open: {_listed(exts[:8])}, ..."
 
     def damaged(self, shard: int) -> list[tuple[int, str]]:
         """The damaged regions of a tar shard: ``(record, reason)`` for each placeholder record
@@ -335,7 +371,7 @@ class WdsReader:
                         self.ix.name,
                         disp,
                         loc,
-                        f"the sample has a caption but no image (a member Pillow can open: {_listed(IMAGE_EXTS[:8])}, ...)",
+                        f"the sample has a caption but no image ({self._image_kinds()})",
                     )
                 )
                 continue
@@ -346,6 +382,8 @@ class WdsReader:
                 continue
             img = self._read_range(s, int(a["img_off"][i]), int(a["img_len"][i]))
             raw = self._read_range(s, int(a["txt_off"][i]), int(a["txt_len"][i]))
+            if zlib.crc32(img) != a["img_crc"][i] or zlib.crc32(raw) != a["txt_crc"][i]:
+                raise self.ix._changed_error(s, loc)
             try:
                 text = raw.decode("utf-8")
                 if a["txt_json"][i]:

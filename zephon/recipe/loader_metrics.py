@@ -1,0 +1,196 @@
+"""Per-step loader metrics for dashboards: flat ``{name: number}`` dicts that any metrics logger
+takes (TorchTitan's TensorBoard / W&B logger, ``SummaryWriter.add_scalar``, ``wandb.log``).
+
+Why a flat dict: every dashboard speaks ``name -> scalar at step``; the pipeline's own metrics
+(:meth:`zephon.engine.Router.summary_metrics`) are nested per node and cumulative, so this module
+turns them, and what it sees of each batch, into per-interval numbers under one prefix:
+
+==============================================  =====================================================
+``<p>data_loading_s``                           mean seconds a recipe step spent in the loader's ``next()``
+``<p>waiting_on_workers_s``                     seconds the lanes waited on tokenize/decode workers (interval)
+``<p>steps``                                    recipe steps in the interval
+``<p>tokens/<dataset>``                         non-padding tokens of each dataset delivered in the interval
+``<p>realized_share/<dataset>``                 each dataset's share of the tokens delivered so far
+``<p>declared_share/<dataset>``                 its weight now (``[[schedule]]`` applied), normalised
+``<p>records/<dataset>``                        records read so far (bad ones included)
+``<p>skipped/<dataset>``                        records skipped so far (``on_error = "skip"``: bad, too large)
+``<p>skipped_share/<dataset>``                  skipped / read
+``<p>packing_efficiency``                       non-padding share of the row tokens packed in the interval
+``<p>padding_tokens``                           padding tokens packed in the interval
+==============================================  =====================================================
+
+The numbers are this process's lanes (one data-parallel rank, or every rank of a
+:class:`~zephon.engine.GlobalLoader`); nothing crosses ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from .recipe import Recipe
+
+__all__ = ["LoaderMetrics", "metered"]
+
+MetricsCallback = Callable[[dict[str, float], int], Any]
+
+
+class LoaderMetrics:
+    r"""Collects one rank's loader metrics between two :meth:`collect` calls.
+
+    Feed it each recipe step's local batch with :meth:`record` (and the seconds spent fetching
+    it), then call :meth:`collect` with the pipeline's summary metrics at each logging step.
+
+    >>> import json, os, tempfile
+    >>> from zephon.data import BUNDLED_TOKENIZER
+    >>> from zephon.engine import WorkerConfig
+    >>> root = tempfile.mkdtemp()
+    >>> for name in ("web", "code"):
+    ...     with open(os.path.join(root, f"{name}.jsonl"), "w") as f:
+    ...         f.writelines(json.dumps({"text": f"{name} document {i} " * 30}) + "\n" for i in range(200))
+    >>> recipe = Recipe.from_dict({"seed": 1, "lanes": 4, "seq_len": 64, "global_batch_size": 8,
+    ...     "tokenizer": {"path": BUNDLED_TOKENIZER}, "shuffle": {"buffer": 1},
+    ...     "datasets": [{"name": "web", "path": "web.jsonl", "weight": 3.0},
+    ...                  {"name": "code", "path": "code.jsonl", "weight": 1.0}]}, base_dir=root)
+    >>> m = LoaderMetrics(recipe)
+    >>> with recipe.router(world_size=2, rank=0, workers=WorkerConfig(0)) as router:
+    ...     m.record(next(router), seconds=0.5)
+    ...     out = m.collect(router.summary_metrics())
+    >>> out["zephon/steps"], out["zephon/data_loading_s"], out["zephon/declared_share/web"]
+    (1, 0.5, 0.75)
+    >>> out["zephon/tokens/web"] + out["zephon/tokens/code"] <= 4 * 64, 0 < out["zephon/packing_efficiency"] <= 1
+    (True, True)
+    """
+
+    def __init__(self, recipe: Recipe, prefix: str = "zephon/") -> None:
+        self.recipe, self.prefix = recipe, prefix
+        self.names = [d.name for d in recipe.datasets]
+        self.step = 0  # recipe steps recorded (this process; a resumed loader counts from its step)
+        self._total = np.zeros(len(self.names), dtype=np.int64)
+        self._tokens = np.zeros(len(self.names), dtype=np.int64)
+        self._seconds = 0.0
+        self._steps = 0
+        self._last: dict[str, float] = {}  # cumulative pipeline counters at the last collect
+
+    def add_time(self, seconds: float) -> None:
+        """Seconds spent in the loader outside :meth:`record` (e.g. slices of a fetched step)."""
+        self._seconds += float(seconds)
+
+    def record(self, batch: Mapping[str, Any], seconds: float = 0.0, step: int | None = None) -> None:
+        """One recipe step's local batch (its ``dataset`` field) and the seconds it took to fetch."""
+        ds = np.asarray(batch["dataset"]).ravel()
+        counts = np.bincount(ds[ds >= 0].astype(np.int64), minlength=len(self.names))[: len(self.names)]
+        self._tokens += counts
+        self._total += counts
+        self._seconds += float(seconds)
+        self._steps += 1
+        self.step = self.step + 1 if step is None else int(step)
+
+    def collect(self, summary: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, float]:
+        """The metrics of the interval since the last call (see the module docstring), then a new
+        interval. ``summary``: :meth:`zephon.engine.Router.summary_metrics` (skips, packing, worker
+        wait); without it only the batch-derived numbers are returned."""
+        p = self.prefix
+        out: dict[str, float] = {}
+        out[f"{p}steps"] = self._steps
+        out[f"{p}data_loading_s"] = self._seconds / self._steps if self._steps else 0.0
+        total = int(self._total.sum())
+        weights = self.recipe.schedule.weights(self.recipe.schedule.phase_at(max(self.step - 1, 0)))
+        for i, name in enumerate(self.names):
+            out[f"{p}tokens/{name}"] = int(self._tokens[i])
+            out[f"{p}realized_share/{name}"] = float(self._total[i]) / total if total else 0.0
+            out[f"{p}declared_share/{name}"] = round(float(weights[i]), 12)
+        if summary is not None:
+            out.update(self._from_summary(summary))
+        self._tokens[:] = 0
+        self._seconds, self._steps = 0.0, 0
+        return out
+
+    def _from_summary(self, summary: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+        p = self.prefix
+        out: dict[str, float] = {}
+        by_type = {v.get("node_type"): v for v in summary.values()}
+        skips = by_type.get("skip_counter", {})
+        seen, skipped = skips.get("seen", {}), skips.get("skipped", {})
+        for name in self.names:
+            if name in seen:
+                out[f"{p}records/{name}"] = int(seen[name])
+                out[f"{p}skipped/{name}"] = int(skipped.get(name, 0))
+                out[f"{p}skipped_share/{name}"] = skipped.get(name, 0) / seen[name] if seen[name] else 0.0
+        packer = by_type.get("pack") or by_type.get("mm_pack") or {}
+        wait = float(by_type.get("ordered_map", {}).get("wait_workers_s", 0.0))
+        now = {"pad": float(packer.get("pad_tokens", 0)), "row": float(packer.get("row_tokens", 0)), "wait": wait}
+        delta = {k: v - self._last.get(k, 0.0) for k, v in now.items()}
+        self._last = now
+        if packer:
+            out[f"{p}padding_tokens"] = int(delta["pad"])
+            out[f"{p}packing_efficiency"] = 1.0 - delta["pad"] / delta["row"] if delta["row"] > 0 else 1.0
+        if "ordered_map" in by_type:
+            out[f"{p}waiting_on_workers_s"] = max(delta["wait"], 0.0)
+        return out
+
+
+def _summary_of(loader: Any) -> dict[str, dict[str, Any]] | None:
+    """Summary metrics of a Router, or of every router of a GlobalLoader summed (skips, packing)."""
+    if hasattr(loader, "summary_metrics"):
+        return loader.summary_metrics()
+    routers = getattr(loader, "routers", None)
+    if not routers:
+        return None
+    out: dict[str, dict[str, Any]] = {}
+    for r in routers:
+        for name, m in r.summary_metrics().items():
+            agg = out.setdefault(name, {"node_type": m.get("node_type")})
+            for k, v in m.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    agg[k] = agg.get(k, 0) + v
+                elif isinstance(v, dict):
+                    d = agg.setdefault(k, {})
+                    for kk, vv in v.items():
+                        d[kk] = d.get(kk, 0) + vv
+    return out
+
+
+def metered(
+    loader: Iterable[Any], recipe: Recipe, callback: MetricsCallback, *, every: int = 1, prefix: str = "zephon/"
+) -> Iterator[Any]:
+    r"""Yield ``loader``'s batches unchanged and call ``callback(metrics, step)`` every ``every``
+    recipe steps: the plain-loop way to get :class:`LoaderMetrics` into any logger.
+
+    ``loader``: ``recipe.router(...)`` (one rank) or ``recipe.global_loader(...)``; ``step``
+    counts the batches yielded (from the loader's own step after a resume).
+
+    >>> import json, os, tempfile
+    >>> from zephon.data import BUNDLED_TOKENIZER
+    >>> from zephon.engine import WorkerConfig
+    >>> root = tempfile.mkdtemp()
+    >>> with open(os.path.join(root, "web.jsonl"), "w") as f:
+    ...     f.writelines(json.dumps({"text": f"document {i} " * 30}) + "\n" for i in range(200))
+    >>> recipe = Recipe.from_dict({"seed": 1, "lanes": 4, "seq_len": 64, "global_batch_size": 8,
+    ...     "tokenizer": {"path": BUNDLED_TOKENIZER}, "shuffle": {"buffer": 1},
+    ...     "datasets": [{"name": "web", "path": "web.jsonl", "weight": 1.0}]}, base_dir=root)
+    >>> logged = []
+    >>> with recipe.global_loader(world_size=1, workers=WorkerConfig(0)) as g:
+    ...     for i, batch in zip(range(4), metered(g, recipe, lambda m, s: logged.append((s, m)), every=2)):
+    ...         pass
+    >>> [s for s, _ in logged], 0 < logged[0][1]["zephon/packing_efficiency"] <= 1
+    ([2, 4], True)
+    """
+    if every < 1:
+        raise ValueError(f"metered(every={every}): log every N >= 1 recipe steps")
+    m = LoaderMetrics(recipe, prefix)
+    m.step = int(getattr(loader, "step", 0))
+    it = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        m.record(batch, time.perf_counter() - t0)
+        if m.step % every == 0:
+            callback(m.collect(_summary_of(loader)), m.step)
+        yield batch
