@@ -15,6 +15,7 @@ Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 """
 
 from .batch import Batch
+from .blockorder import OPEN_BLOCKS, BlockOrder, expected_distinct, global_batch_diversity
 from .chat import LONG, ChatDoc, ChatOptions, ChatPack, FetchChat, fit_conversation
 from .filters import (
     FILTER_KINDS,
@@ -48,10 +49,12 @@ __all__ = [
     "LONG",
     "MAX_DETAIL_ROWS",
     "ON_ERROR",
+    "OPEN_BLOCKS",
     "POLICIES",
     "SKIP_SHARE_WARNING",
     "SPLIT_MODES",
     "Batch",
+    "BlockOrder",
     "ChatDoc",
     "ChatOptions",
     "ChatPack",
@@ -83,7 +86,9 @@ __all__ = [
     "WorkPlan",
     "check_token_widths",
     "duplicate_records",
+    "expected_distinct",
     "fit_conversation",
+    "global_batch_diversity",
     "lane_share",
     "mm_pad_batch",
     "pad_row",

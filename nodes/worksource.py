@@ -37,6 +37,8 @@ import numpy as np
 
 from zephon.engine import IndexPermutation, StateError, ZNode, check_state_keys, stable_u64, state_int, state_ints
 
+from .blockorder import BlockOrder
+
 __all__ = ["DatasetPlan", "LaneWorkSource", "WeightSchedule", "WorkItem", "WorkPlan"]
 
 POLICIES = ("repeat", "stop")
@@ -78,6 +80,7 @@ class DatasetPlan:
     policy: str = "repeat"
     epochs: int | None = None  # with policy "stop": how many epochs (default 1)
     split_tokens: float | None = None  # plan records estimated longer than this as several parts
+    block: int = 0  # records per block of the block shuffle (0: the stripe order of versions 1-2)
     num_records: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -227,12 +230,12 @@ class WorkPlan:
         # epoch orders shared by every lane of the process (the same for all lanes; only the
         # positions a lane takes differ): with 1,024 lanes, one order per lane per epoch was the
         # bulk of a cold start's CPU. Bounded; rebuilt on a miss.
-        self._orders: collections.OrderedDict[tuple[int, int], _EpochOrder] = collections.OrderedDict()
+        self._orders: collections.OrderedDict[tuple[int, int], _EpochOrder | BlockOrder] = collections.OrderedDict()
         self._orders_lock = threading.Lock()
 
     ORDERS_KEPT = 32  # epoch orders kept (all datasets together)
 
-    def epoch_order(self, d: int, epoch: int) -> _EpochOrder:
+    def epoch_order(self, d: int, epoch: int) -> _EpochOrder | BlockOrder:
         """Dataset ``d``'s order in ``epoch`` (position -> shard, record), shared by all lanes."""
         key = (d, epoch)
         with self._orders_lock:
@@ -240,7 +243,11 @@ class WorkPlan:
             if order is not None:
                 self._orders.move_to_end(key)
                 return order
-        order = _EpochOrder(self.seed, d, self.datasets[d].shard_sizes, epoch)
+        ds = self.datasets[d]
+        if ds.block:
+            order = BlockOrder(self.seed, d, ds.shard_sizes, epoch, lanes=self.lanes, block=ds.block)
+        else:
+            order = _EpochOrder(self.seed, d, ds.shard_sizes, epoch)
         with self._orders_lock:
             order = self._orders.setdefault(key, order)
             while len(self._orders) > self.ORDERS_KEPT:
@@ -294,7 +301,7 @@ class LaneWorkSource(ZNode[WorkItem]):
             raise ValueError(f"lane must be in [0, {plan.lanes}), got {lane}")
         self.plan, self.lane = plan, lane
         n = len(plan.datasets)
-        self._orders: list[_EpochOrder | None] = [None] * n
+        self._orders: list[_EpochOrder | BlockOrder | None] = [None] * n
         self._clear()
 
     def _clear(self) -> None:
@@ -452,7 +459,7 @@ class LaneWorkSource(ZNode[WorkItem]):
         i = k - ahead[0]
         return self.lane + k * self.plan.lanes, int(ahead[1][i]), int(ahead[2][i]), int(ahead[3][i])
 
-    def _order(self, d: int, epoch: int) -> _EpochOrder:
+    def _order(self, d: int, epoch: int) -> _EpochOrder | BlockOrder:
         order = self._orders[d]
         if order is None or order.key[2] != epoch:
             order = self._orders[d] = self.plan.epoch_order(d, epoch)

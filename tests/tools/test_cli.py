@@ -66,6 +66,8 @@ def test_inspect(recipe_path):
         "declared vs realized token shares: web",
         "memory budget per lane:",
         "of the 32 GB limit",
+        "shuffle: block shuffle, blocks of 16 records",
+        "a record-level global shuffle:",
     ):
         assert needle in out.stdout, needle
 

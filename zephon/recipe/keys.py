@@ -38,6 +38,7 @@ LIMITS: Mapping[str, int] = {
     "lane_tokens": 1 << 24,
     "shuffle_tokens": 1 << 27,
     "buffer": 1 << 20,
+    "block": 1 << 24,
     "flush_every": 1_000_000,
     "max_open": 1024,
     "estimate_samples": 100_000,

@@ -38,6 +38,7 @@ from zephon.data import (
 from zephon.engine import StateError
 from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WorkPlan
 
+from .blocks import dataset_block
 from .chat import chat_fetch, chat_renderers, estimate_chat, templates_digest
 from .estimate import (
     BadSamplesWarning,
@@ -144,6 +145,8 @@ def record_weights(spec: RecipeSpec, ds: DatasetSpec, index: ShardIndex, est: To
 def work_plan(spec: RecipeSpec, indexes: Sequence[ShardIndex], estimates: Mapping[str, TokenEstimate]) -> WorkPlan:
     """The run's curriculum from its datasets' metadata and token estimates (no I/O)."""
     plans = [record_weights(spec, s, ix, estimates[s.name]) for s, ix in zip(spec.datasets, indexes)]
+    for plan, s, ix in zip(plans, spec.datasets, indexes):
+        plan.block = dataset_block(spec, s, ix)
     return WorkPlan(
         plans,
         seed=spec.seed,

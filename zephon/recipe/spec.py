@@ -96,7 +96,9 @@ COUNT = ("all", "loss")
 #: (``[mixing] split_mode``), a symlinked file is read once (``same_file``), an empty text is a
 #: document (``empty``), images are decoded exactly (``[vision] decode``), and an image-text
 #: recipe's default ``[shuffle] buffer`` fits 1 GiB per lane.
-DATA_VERSION = 2
+#: Version 3: the block shuffle (``[shuffle] block``, :mod:`zephon.nodes.blockorder`): lanes read
+#: seeded random blocks of consecutive records from all shards instead of one shard-ordered stripe.
+DATA_VERSION = 3
 
 #: Settings whose default depends on the data version: ``(section class name, key) -> {first
 #: version: value}``, e.g. ``("PackSpec", "labels"): {2: "document"}``. The field's own default is
@@ -112,6 +114,8 @@ VERSIONED: Mapping[tuple[str, str], Mapping[int, Any]] = {
     ("DatasetSpec", "empty"): {2: "document"},
     # version 2: images decoded exactly (16-bit kept, transparency composited on `background`)
     ("VisionTable", "decode"): {2: "exact"},
+    # version 3: the block shuffle (blocks of 16 records from every shard dealt to the lanes)
+    ("ShuffleSpec", "block"): {3: 16},
 }
 
 
@@ -219,6 +223,10 @@ class ShuffleSpec:
         lo=1,
         hi="buffer",
         doc="rows in each lane's shuffle window (1 = no shuffle; image-text, data version 2: what fits 1 GiB)",
+    )
+    # the block shuffle (zephon.nodes.blockorder): records per block dealt to the lanes
+    block: int = key(
+        0, hi="block", new=True, doc="records per block of the block shuffle (0 = stripe order, v1-2; v3: 16)"
     )
 
 

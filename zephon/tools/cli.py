@@ -35,6 +35,7 @@ from zephon.recipe import (
 
 from .demo import demo_recipe
 from .display import describe_plan, format_batch_rows, format_row
+from .diversity import diversity_line
 from .ledger import run_ledger_show
 from .ledger_diff import run_ledger_diff
 
@@ -502,6 +503,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
         for line in share_report(recipe, per_ds, len(batches)):
             print(line)
+        print(diversity_line(recipe, batches))
         if args.show:
             b = batches[0]
             print()

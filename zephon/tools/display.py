@@ -27,15 +27,15 @@ back to the bytes of its image in the tar file:
     ...     batch = next(g)
     >>> view = show(batch, recipe)
     >>> print(repr(view).splitlines()[1][:96])
-    row 0 (100% tokens, 2 images): [pairs:39] <|bos|>[image 0: 32x64, 2 tokens]Being zoatou have suc
+    row 0 (92% tokens, 2 images): [pairs:34] <|bos|>[image 0: 32x96, 3 tokens]Measure lys smur eldin
     >>> batch["provenance"][0][0]   # one zephon.nodes.Provenance per sample of the row
-    Provenance(dataset=0, shard=0, record=4, epoch=0, tok_start=0, tok_end=39)
+    Provenance(dataset=0, shard=0, record=7, epoch=0, tok_start=0, tok_end=34)
     >>> sample = view.provenance(0)[0]
     >>> sample["locator"], sample["tokens"], sample["texts"][0]["member"]
-    ("key '00000004'", (0, 39), '00000004.txt')
+    ("key '00000007'", (0, 34), '00000007.txt')
     >>> image = sample["images"][0]
     >>> image["index"], image["member"], image["row_positions"]   # image 0 of the batch, its tokens
-    (0, '00000004.webp', (1, 5))
+    (0, '00000007.png', (1, 6))
     >>> with open(sample["file"], "rb") as f:          # the cited bytes, read from the tar itself
     ...     _ = f.seek(image["file_bytes"][0])
     ...     data = f.read(image["file_bytes"][1] - image["file_bytes"][0])

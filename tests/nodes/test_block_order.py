@@ -1,0 +1,92 @@
+"""The block shuffle's plan (issue 22), from metadata alone: a bijection of every epoch on many
+layouts; each lane reads whole blocks front to back, a few at a time; the lanes of a step read
+many shards, at offsets that do not follow the step; exact resume at every step."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from zephon.engine.testing import check_node
+from zephon.nodes import OPEN_BLOCKS, BlockOrder, expected_distinct
+from zephon.nodes.worksource import DatasetPlan, LaneWorkSource, WeightSchedule, WorkPlan
+
+
+def layouts(count=40):
+    rng = np.random.default_rng(22)
+    for i in range(count):
+        shards = int(rng.integers(1, 50))
+        sizes = rng.integers(0 if i % 3 == 0 else 1, 400 if i % 2 else 30, shards)
+        sizes[rng.integers(0, shards)] += 1
+        yield i, [int(s) for s in sizes], int(rng.choice([1, 3, 8, 16, 64])), int(rng.choice([1, 2, 5, 16]))
+
+
+@pytest.mark.parametrize(
+    "case,sizes,lanes,block", list(layouts()), ids=lambda v: str(v) if isinstance(v, int) else None
+)
+def test_every_epoch_is_a_bijection(case, sizes, lanes, block):
+    n = sum(sizes)
+    for epoch in range(3):
+        order = BlockOrder(case, 0, sizes, epoch, lanes=lanes, block=block)
+        shards, records = order.locate_many(np.arange(n))
+        assert len(set(zip(shards.tolist(), records.tolist()))) == n
+        assert all(0 <= r < sizes[s] for s, r in zip(shards.tolist(), records.tolist()))
+        assert order.locate(n // 2) == (int(shards[n // 2]), int(records[n // 2]))
+
+
+def plan(sizes, lanes, block, **kw):
+    ds = DatasetPlan("d", sizes, lambda s: np.full(sizes[s], 100, np.int64), block=block, **kw)
+    return WorkPlan([ds], seed=3, lanes=lanes, schedule=WeightSchedule([(0, [1.0])]), tokens_per_step=1.0)
+
+
+def test_a_lane_reads_whole_blocks_front_to_back_a_few_at_a_time():
+    sizes, block = [5000] * 20, 16
+    p = plan(sizes, 8, block)
+    src = LaneWorkSource(p, 3)
+    items = [next(src) for _ in range(8 * OPEN_BLOCKS * block)]
+    for slot in range(OPEN_BLOCKS):
+        seq = [(it.shard, it.record) for it in items[slot::OPEN_BLOCKS]]
+        for b in range(0, len(seq), block):
+            run = seq[b : b + block]
+            # one block: consecutive records of one file (shards here are far larger than a block)
+            assert all(s == run[0][0] for s, _ in run) and [r for _, r in run] == list(
+                range(run[0][1], run[0][1] + block)
+            )
+    # any 32 consecutive records of the lane (a work chunk) lie in at most OPEN_BLOCKS + 1 ranges
+    for c in range(0, len(items), 32):
+        chunk = sorted((it.shard, it.record) for it in items[c : c + 32])
+        ranges = 1 + sum(1 for a, b in itertools.pairwise(chunk) if a[0] != b[0] or b[1] != a[1] + 1)
+        assert ranges <= OPEN_BLOCKS + 1
+
+
+def test_lanes_of_a_step_spread_over_shards_and_offsets():
+    sizes, lanes = [2000] * 64, 16
+    p = plan(sizes, lanes, 16)
+    sources = [LaneWorkSource(p, lane) for lane in range(lanes)]
+    per_step = 8  # records a lane takes per step
+    shards_per_step, offsets, steps = [], [], []
+    for step in range(100):
+        items = [next(s) for s in sources for _ in range(per_step)]
+        shards_per_step.append(len({it.shard for it in items}))
+        offsets += [it.record / sizes[it.shard] for it in items]
+        steps += [step] * len(items)
+    want = expected_distinct(sizes, lanes * per_step)
+    assert np.mean(shards_per_step) >= 0.9 * want  # not one shard for every lane, as the stripe order
+    assert abs(np.corrcoef(steps, offsets)[0, 1]) < 0.1  # where in its shard a record is does not follow the step
+
+
+def test_every_record_once_per_epoch_across_lanes():
+    sizes, lanes = [37, 0, 500, 3, 120], 7
+    p = plan(sizes, lanes, 4)
+    n = sum(sizes)
+    got = []
+    for lane in range(lanes):
+        src = LaneWorkSource(p, lane)
+        got += [(it.shard, it.record) for it in (next(src) for _ in range(-(-(n - lane) // lanes)))]
+    assert len(got) == n == len(set(got))
+
+
+@pytest.mark.parametrize("policy,epochs", [("repeat", None), ("stop", 2)])
+def test_resume_at_every_step(policy, epochs):
+    p = plan([45, 7, 130, 1], 3, 4, policy=policy, epochs=epochs)
+    check_node(lambda: LaneWorkSource(p, 1), max_steps=400)
