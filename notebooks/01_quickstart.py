@@ -156,12 +156,15 @@ for seg in view.provenance(row):
 
 # %% [markdown]
 # The provenance is exact: re-read the record from the file, tokenize it and slice the cited token
-# range, and you get the row's tokens back. Here for the first segment of the row:
+# range, and you get the row's tokens back. Here for the row's first segment that is a whole
+# document (a part of a long document carries two more fields, `part` and `parts`: it was cut from
+# the text with `zephon.nodes.part_span` and tokenized on its own):
 
 # %%
 p = recipe.prepare()  # tokenizer, indexes and token estimates (computed once per Recipe)
-first = provenance(recipe, batch, row)[0]  # the function behind view.provenance(row)
-d, shard, record, epoch, t0, t1 = batch["provenance"][row][0]
+i = next(i for i, seg in enumerate(batch["provenance"][row]) if len(seg) == 6)
+first = provenance(recipe, batch, row)[i]  # the function behind view.provenance(row)
+d, shard, record, epoch, t0, t1 = batch["provenance"][row][i]
 record_text = p.indexes[d].read(shard, [record])[0]
 tokens = p.tokenizer.encode_batch([record_text])[0]  # BOS/EOS included, as in training
 start = first["row_positions"][0]
