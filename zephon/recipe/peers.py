@@ -68,11 +68,13 @@ class LeaderBatches(RankBatches):
         self._definition = definition_digest(recipe)
         super().__init__(recipe, world_size, rank, **kw)
 
-    def next_step(self) -> dict[str, Any]:
+    def _next_step(self) -> dict[str, Any]:
+        # the hook under RankBatches' lock that both next_step and next_slice call, so every step
+        # fetched is sent, whichever way it was asked for, and in the order it was fetched
         if self.ended:
             raise StopIteration  # the followers saw the end already
         try:
-            batch = super().next_step()
+            batch = super()._next_step()
         except StopIteration:
             self._link.send({"end": True, "step": self.step, "lane_end": self.end, "definition": self._definition})
             raise

@@ -24,19 +24,17 @@ from zephon.engine.digest import batch_sha256
 from zephon.engine.lanes import check_world_size
 from zephon.engine.shutdown import Terminated, stop_on_signals
 from zephon.recipe import (
-    LedgerWriter,
     RankBatches,
     Recipe,
     RecipeError,
     bad_samples_message,
-    dataset_tokens,
     max_workers,
 )
 
 from .demo import demo_recipe
 from .display import describe_plan, format_batch_rows, format_row
 from .diversity import diversity_line
-from .ledger import run_ledger_show
+from .ledger import ledger_writers, run_ledger_show, write_ledgers
 from .ledger_diff import run_ledger_diff
 
 __all__ = ["main", "run_hashes"]
@@ -110,7 +108,7 @@ def run_hashes(
             start = g.step
             say = f"resumed after step {start - 1} from {resume}; --steps {steps} computes the next {steps} steps"
             print(f"zephon hashes: {say} ({start}..{start + steps - 1})", file=err, flush=True)
-        writers = _ledger_writers(recipe, world_size, ledger, recipe_path) if ledger is not None else []
+        writers = ledger_writers(recipe, world_size, ledger, recipe_path) if ledger is not None else []
         if save_at is not None and not start < save_at <= start + steps:
             raise ValueError(
                 f"--save-at {save_at} is not one of the steps this run computes ({start + 1}..{start + steps}): "
@@ -133,7 +131,7 @@ def run_hashes(
             h = g.step_digest() if digest == "ledger" else batch_sha256(batch)
             hashes.append(h)
             print(f"step {t} {h}", file=out, flush=True)
-            _write_ledgers(writers, recipe, t, g.lane_digests() if writers else [], batch)
+            write_ledgers(writers, recipe, t, g.lane_digests() if writers else [], batch)
             if save_at is not None and checkpoint is not None and t + 1 == save_at:
                 _save(g, checkpoint, t, err)
         for w in writers:
@@ -154,36 +152,6 @@ def _save(g: RankBatches, checkpoint: str, t: int, err: Any) -> None:
         file=err,
         flush=True,
     )
-
-
-def _ledger_writers(recipe: Recipe, world_size: int, folder: str, recipe_path: str) -> list[LedgerWriter]:
-    """One ledger writer per rank, as a training run on ``world_size`` ranks has (``zephon hashes --ledger``)."""
-    per = recipe.lanes // world_size
-    names = [d.name for d in recipe.datasets]
-    src = os.path.abspath(recipe_path) if recipe_path else "<recipe>"
-    return [
-        LedgerWriter(
-            folder,
-            rank=r,
-            world_size=world_size,
-            lane_range=range(r * per, (r + 1) * per),
-            lanes=recipe.lanes,
-            recipe=src,
-            fingerprint=recipe.fingerprint,
-            datasets=names,
-        )
-        for r in range(world_size)
-    ]
-
-
-def _write_ledgers(writers: list[LedgerWriter], recipe: Recipe, t: int, digests: list[str], batch: Any) -> None:
-    """Global batch ``t``'s line in each rank's ledger: its lanes' digests and tokens per dataset."""
-    if not writers:
-        return
-    tokens = dataset_tokens(batch["dataset"], recipe.rows_per_lane, len(recipe.datasets))
-    for w in writers:
-        lo, hi = w.lane_range.start, w.lane_range.stop
-        w.write(t, digests[lo:hi], tokens[lo:hi])
 
 
 def _demo(args: argparse.Namespace) -> int:

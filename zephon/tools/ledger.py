@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from zephon.data import DataError
 from zephon.engine import StateError
 from zephon.engine.digest import ledger_digest
-from zephon.recipe import LEDGER_DIR, LEDGER_GLOB, LEDGER_VERSION, Recipe, RecipeError, dataset_tokens
+from zephon.recipe import LEDGER_DIR, LEDGER_GLOB, LEDGER_VERSION, LedgerWriter, Recipe, RecipeError, dataset_tokens
 
 __all__ = [
     "Ledger",
@@ -28,9 +28,11 @@ __all__ = [
     "Source",
     "find_ledger",
     "lane_documents",
+    "ledger_writers",
     "open_source",
     "read_ledger",
     "run_ledger_show",
+    "write_ledgers",
 ]
 
 
@@ -279,3 +281,33 @@ def run_ledger_show(path: str, out: TextIO | None = None, err: TextIO | None = N
     if len(led.fingerprints) > 1:
         print(f"zephon ledger: warning: the runs used {len(led.fingerprints)} different recipes", file=err)
     return 0
+
+
+def ledger_writers(recipe: Recipe, world_size: int, folder: str, recipe_path: str) -> list[LedgerWriter]:
+    """One ledger writer per rank, as a training run on ``world_size`` ranks has (``zephon hashes --ledger``)."""
+    per = recipe.lanes // world_size
+    names = [d.name for d in recipe.datasets]
+    src = os.path.abspath(recipe_path) if recipe_path else "<recipe>"
+    return [
+        LedgerWriter(
+            folder,
+            rank=r,
+            world_size=world_size,
+            lane_range=range(r * per, (r + 1) * per),
+            lanes=recipe.lanes,
+            recipe=src,
+            fingerprint=recipe.fingerprint,
+            datasets=names,
+        )
+        for r in range(world_size)
+    ]
+
+
+def write_ledgers(writers: list[LedgerWriter], recipe: Recipe, t: int, digests: list[str], batch: Any) -> None:
+    """Global batch ``t``'s line in each rank's ledger: its lanes' digests and tokens per dataset."""
+    if not writers:
+        return
+    tokens = dataset_tokens(batch["dataset"], recipe.rows_per_lane, len(recipe.datasets))
+    for w in writers:
+        lo, hi = w.lane_range.start, w.lane_range.stop
+        w.write(t, digests[lo:hi], tokens[lo:hi])
