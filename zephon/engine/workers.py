@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .arena import ArenaSet, arena_available, arena_worker_start, run_packed
+from .procexec import ProcessExecutor
 
 __all__ = ["BACKENDS", "PoolSet", "ProcessLocal", "WorkerConfig", "WorkerPool", "WorkerStart"]
 
@@ -216,7 +217,7 @@ class WorkerPool:
         self.arenas = self._start_arenas()
         if self.arenas is not None:
             steps.append((arena_worker_start, self.arenas.initargs()))
-        return _ProcessExecutor(
+        return ProcessExecutor(
             self.config.count, mp_context=ctx, initializer=_run_worker_starts, initargs=(tuple(steps),)
         )
 
@@ -391,7 +392,7 @@ class WorkerPool:
         if ex is None:
             return
         if isinstance(ex, cf.ProcessPoolExecutor):
-            if isinstance(ex, _ProcessExecutor):
+            if isinstance(ex, ProcessExecutor):
                 ex.wait_for_starts()  # a start cut short by a signal: its process is then listed
             procs = list(getattr(ex, "_processes", {}).values())
             manager = getattr(ex, "_executor_manager_thread", None)
@@ -420,54 +421,6 @@ class WorkerPool:
 
     def __repr__(self) -> str:
         return f"WorkerPool({self.config.count} {self.config.backend}s)"
-
-
-class _ProcessExecutor(cf.ProcessPoolExecutor):
-    """A process executor whose workers start on a helper thread, never cut short half-way.
-
-    Why: the executor starts a worker inside ``submit`` (Python >= 3.9 starts them as tasks
-    arrive), and a start under the fork server waits for the server (seconds the first time: it
-    imports zephon). SIGTERM or Ctrl-C then raises in that wait (Python runs signal handlers in
-    the main thread), after the worker's start data was sent but before the executor listed the
-    process: nothing joined it, and once this process had exited (removing the queues'
-    semaphores) the half-started worker failed unpickling them and printed a traceback. On a
-    helper thread the start always completes and lists the process, while the caller's wait
-    stays interruptible; :meth:`WorkerPool.close` waits for starts in progress
-    (:meth:`wait_for_starts`) before it stops the workers."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._starts: list[threading.Thread] = []
-        self._starts_lock = threading.Lock()
-
-    def _spawn_process(self) -> None:
-        done = threading.Event()
-        error: list[BaseException] = []
-
-        def start() -> None:
-            try:
-                super(_ProcessExecutor, self)._spawn_process()  # type: ignore[misc]
-            except BaseException as e:
-                error.append(e)
-            finally:
-                done.set()
-
-        t = threading.Thread(target=start, name="zephon-worker-start", daemon=True)
-        with self._starts_lock:
-            self._starts = [s for s in self._starts if s.is_alive()]
-            self._starts.append(t)
-        t.start()
-        done.wait()  # interruptible (a signal's handler raises here); the start goes on
-        if error:
-            raise error[0]
-
-    def wait_for_starts(self, timeout: float = 60.0) -> None:
-        """Wait (up to ``timeout`` seconds) for worker starts in progress to list their processes."""
-        with self._starts_lock:
-            starts, self._starts = self._starts, []
-        deadline = time.monotonic() + timeout
-        for t in starts:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _release_manager(manager: threading.Thread | None, results: Any) -> None:
