@@ -39,6 +39,9 @@ VOLATILE = [
     (re.compile(r"0x[0-9a-fA-F]{6,}"), "0x<addr>"),
     (re.compile(r"\d[\d,]*\.\d+"), "<float>"),
     (re.compile(r"\d[\d,]*(?= ?(s|ms|µs|items/s|/s|rows/s|docs/s|MB/s|GB/s)\b)"), "<int>"),
+    # items a node produced by the time metrics are read: prefetch threads may have run further
+    (re.compile(r"(\bitems +)\d+"), r"\1<n>"),
+    (re.compile(r" {2,}"), " "),  # the padding of masked numbers in aligned columns
 ]
 _IMAGES = ("image/png", "image/jpeg", "image/svg+xml")
 
