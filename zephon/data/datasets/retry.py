@@ -20,6 +20,7 @@ __all__ = [
     "bound_retries",
     "io_retry_s",
     "io_timeout_s",
+    "retried_io",
     "storage_failure",
     "storage_options",
     "transient",
@@ -158,3 +159,32 @@ def with_retries(fn: Callable[[], T], fail: Callable[[str], BaseException], budg
                 raise fail(f"{why}; gave up after {tries} tries over {spent:.1f} s") from None
         time.sleep(delay)
         delay = min(delay * 2, 5.0)
+
+
+def retried_io(
+    fn: Callable[[], T],
+    doing: str,
+    err: Callable[[str, str], BaseException],
+    translate: Callable[[Exception], None] | None = None,
+) -> T:
+    """``fn()`` on a remote file, the way every reader does it: transient faults retried within
+    :func:`io_retry_s` (then ``err(what, fix)`` naming the storage failure), an HTTP client error
+    that is not worth retrying raised as ``err`` at once; ``translate(e)`` first raises a reader's
+    own error for the faults it knows (a server that ignores Range). Other errors propagate."""
+
+    def fail(why: str) -> BaseException:
+        return err(
+            f"{doing} failed: the storage kept failing ({why})",
+            "Check that the server is up and reachable; raise $ZEPHON_IO_RETRY_S (seconds of retries) or "
+            "$ZEPHON_IO_TIMEOUT_S (seconds one request may stall) to wait longer.",
+        )
+
+    try:
+        return with_retries(fn, fail)
+    except Exception as e:
+        if translate is not None:
+            translate(e)
+        why = storage_failure(e)
+        if why is None:
+            raise
+        raise err(f"{doing} failed: {why}", "Check the URL and the server's permissions.") from None

@@ -16,7 +16,7 @@ import numpy as np
 from .cache import ShardStore
 from .errors import DataError
 from .resolve import ShardSpec
-from .retry import storage_failure, transient, with_retries
+from .retry import retried_io, transient
 
 __all__ = ["ImageTextStore", "MMRecord", "image_header_size", "value_crc"]
 
@@ -133,24 +133,7 @@ class ImageTextStore(ShardStore):
         raised as a DataError naming the URL, as the text readers do."""
         if self._specs[s].local:
             return fn()
-
-        def fail(why: str) -> DataError:
-            return self._err(
-                s,
-                f"{doing} failed: the storage kept failing ({why})",
-                "Check that the server is up and reachable; raise $ZEPHON_IO_RETRY_S (seconds of retries) or "
-                "$ZEPHON_IO_TIMEOUT_S (seconds one request may stall) to wait longer.",
-            )
-
-        try:
-            return with_retries(fn, fail)
-        except DataError:
-            raise
-        except Exception as e:
-            why = storage_failure(e)
-            if why is None:
-                raise
-            raise self._err(s, f"{doing} failed: {why}", "Check the URL and the server's permissions.") from None
+        return retried_io(fn, doing, lambda what, fix: self._err(s, what, fix))
 
     def _transient(self, e: BaseException) -> bool:
         """Whether ``e`` is a storage fault worth retrying (then it is raised as it is)."""

@@ -21,7 +21,7 @@ from ._scan import CompressionError, iter_decompressed
 from .cache import ShardStore
 from .errors import DataError
 from .resolve import ShardSpec
-from .retry import RangeIgnoredError, storage_failure, transient, with_retries
+from .retry import RangeIgnoredError, retried_io, transient
 
 __all__ = ["ShardFiles"]
 
@@ -103,29 +103,13 @@ class ShardFiles(ShardStore):
         if self._specs[s].local:
             return fn()
 
-        def fail(why: str) -> DataError:
-            return self._err(
-                s,
-                f"{doing} failed: the storage kept failing ({why})",
-                "Check that the server is up and reachable; raise $ZEPHON_IO_RETRY_S (seconds of retries) or "
-                "$ZEPHON_IO_TIMEOUT_S (seconds one request may stall) to wait longer.",
-            )
-
-        try:
-            return with_retries(fn, fail)
-        except DataError:
-            raise
-        except RangeIgnoredError as e:
-            raise self._range_error(s, str(e)) from None
-        except ValueError as e:
-            if "range requests" in str(e):  # fsspec's HTTPFile on a server without Range support
+        def translate(e: Exception) -> None:
+            if isinstance(e, RangeIgnoredError):
+                raise self._range_error(s, str(e)) from None
+            if isinstance(e, ValueError) and "range requests" in str(e):  # fsspec's HTTPFile without Range
                 raise self._range_error(s, "it answered a request for a block with the whole file") from None
-            raise
-        except Exception as e:
-            why = storage_failure(e)
-            if why is None:
-                raise
-            raise self._err(s, f"{doing} failed: {why}", "Check the URL and the server's permissions.") from None
+
+        return retried_io(fn, doing, lambda what, fix: self._err(s, what, fix), translate)
 
     def _open(self, s: int, doing: str = "reading", stream: bool = False) -> Any:
         """Shard s's file; ``stream``: read once from the start (over HTTP: one plain GET, no
