@@ -33,6 +33,8 @@ _PROBE = "import sys as _zephon_probe_sys; print(_zephon_probe_sys.executable)"
 
 #: what changes from run to run and is masked before outputs are compared
 VOLATILE = [
+    # where the checkout (or the installed package) lives: the bundled tokenizer's path is printed
+    (re.compile(r"[^\s'\"]*/zephon/data/assets"), "<zephon>/data/assets"),
     # a recipe's fingerprint names its files (under the run's temporary folder), and a state digest binds it
     (re.compile(r"((fingerprint|digest)[\"']?\s*[:=]?\s*[\"']?)[0-9a-f]{8,}"), r"\1<hex>"),
     (re.compile(r"(/private)?/(tmp|var/folders)/[^\s'\"),\]}]*"), "<tmp>"),
@@ -41,6 +43,7 @@ VOLATILE = [
     (re.compile(r"\d[\d,]*(?= ?(s|ms|µs|items/s|/s|rows/s|docs/s|MB/s|GB/s)\b)"), "<int>"),
     # items a node produced by the time metrics are read: prefetch threads may have run further
     (re.compile(r"(\bitems +)\d+"), r"\1<n>"),
+    (re.compile(r"(\(prefetch included\): .*?: )\d+"), r"\1<n>"),
     (re.compile(r" {2,}"), " "),  # the padding of masked numbers in aligned columns
 ]
 _IMAGES = ("image/png", "image/jpeg", "image/svg+xml")
