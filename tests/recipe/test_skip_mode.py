@@ -130,3 +130,16 @@ def test_a_long_bad_record_is_one_skip_read_once(tmp_path, monkeypatch):
     monkeypatch.setattr(type(index), "read", counting)
     assert to_the_end(r, 1) == (1, None)
     assert reads.count(5) == 1  # the record was read once, not once per planned part
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_a_bad_record_after_a_lanes_last_row_is_counted(tmp_path, corpus, world):
+    # every lane's last record is bad: it produces nothing after the lane's last micro-batch, but
+    # it is read and counted before the run ends (it was never pulled, so never counted)
+    r = make(str(tmp_path), lines_of(corpus), on_error="skip", policy="stop", max_skipped=8)
+    own = owners(r)
+    lines = lines_of(corpus)
+    for lane in range(8):
+        lines[[k for k, v in own.items() if v == lane][-1]] = '{"text": broken json'
+    r = make(str(tmp_path), lines, on_error="skip", policy="stop", max_skipped=8)
+    assert to_the_end(r, world) == (8, None)

@@ -13,7 +13,7 @@ import functools
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from torchdata.nodes import BaseNode
 
@@ -309,19 +309,39 @@ class Router(ZNode[Any]):
         if end is not None and not end.holds(l, t):
             return self.lane_set.pad_item(l)  # "pad": this lane ended before the longest
         try:
-            return next(n)
+            item = next(n)
         except StopIteration:
-            if end is None:
-                raise PipelineError(
-                    f"lane {l} ended after {t} micro-batches, but its lane set declares no end, so the "
-                    "ranks would stop at different steps. Make the pipeline infinite, or give the lane set "
-                    'an end (LaneSet(build, end="drop") or end="pad" with pad=...; in a recipe: every '
-                    'dataset policy = "stop" and end = "drop" | "pad")'
-                ) from None
+            self._lane_ended_early(l, t, end)
+        if end is not None and t + 1 == end.lane_steps[l]:
+            self._drain_lane(l, n, end)
+        return item
+
+    def _drain_lane(self, l: int, n: BaseNode, end: LaneEnd) -> None:
+        """At a lane's last micro-batch, read its stream to the end: records after the last row that
+        produce nothing (bad ones under ``on_error = "skip"``, filtered ones) are still read and
+        counted, on every world size, before the step is delivered."""
+        try:
+            next(n)
+        except StopIteration:
+            return
+        raise PipelineError(
+            f"lane {l} holds more than the {end.lane_steps[l]} micro-batches it was counted to hold; "
+            "the data or the pipeline changed since the count (clear the cached counts)"
+        )
+
+    def _lane_ended_early(self, l: int, t: int, end: LaneEnd | None) -> NoReturn:
+        """A lane whose stream ended before the step the count said it holds."""
+        if end is None:
             raise PipelineError(
-                f"lane {l} ended after {t} micro-batches, but it was counted to hold {end.lane_steps[l]}; "
-                "the data or the pipeline changed since the count (clear the cached counts)"
+                f"lane {l} ended after {t} micro-batches, but its lane set declares no end, so the "
+                "ranks would stop at different steps. Make the pipeline infinite, or give the lane set "
+                'an end (LaneSet(build, end="drop") or end="pad" with pad=...; in a recipe: every '
+                'dataset policy = "stop" and end = "drop" | "pad")'
             ) from None
+        raise PipelineError(
+            f"lane {l} ended after {t} micro-batches, but it was counted to hold {end.lane_steps[l]}; "
+            "the data or the pipeline changed since the count (clear the cached counts)"
+        ) from None
 
     def _restore_lanes(self, pairs: list[tuple[int, BaseNode]], state: Mapping[str, Any]) -> None:
         """Reset each lane to its state (a replay of up to one flush interval), on a few threads."""
