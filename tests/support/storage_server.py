@@ -1,10 +1,15 @@
 """A loopback HTTP file server with faults on demand, for the storage tests: answers 500 (the
 next N requests, or all), drops the connection mid-answer, stalls, ignores Range, omits ETag and
-Last-Modified, and serves files that the test replaces while it runs."""
+Last-Modified, and serves files that the test replaces while it runs; and moto's standalone S3
+server in its own process (:class:`MotoServer`)."""
 
 from __future__ import annotations
 
 import hashlib
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -107,3 +112,32 @@ class FaultyServer:
         self.stall_s = 0.0
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class MotoServer:
+    """moto's S3 server on a free port of 127.0.0.1, in its own process."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                break
+            except OSError:
+                assert self.p.poll() is None and time.monotonic() < deadline, "moto's server did not start"
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGCONT)
+            self.p.kill()
+        self.p.wait(timeout=30)
