@@ -6,6 +6,7 @@ server in its own process (:class:`MotoServer`)."""
 from __future__ import annotations
 
 import hashlib
+import re
 import signal
 import socket
 import subprocess
@@ -115,9 +116,10 @@ class FaultyServer:
 
 
 class MotoServer:
-    """moto's S3 server on a free port of 127.0.0.1, in its own process."""
+    """moto's S3 server on a free port of 127.0.0.1, in its own process; ``log``: a file that
+    gets its request log (one line per request: method, path, status)."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: str | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -125,7 +127,7 @@ class MotoServer:
         self.p = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=open(log, "ab") if log else subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 60
         while True:
@@ -135,6 +137,12 @@ class MotoServer:
             except OSError:
                 assert self.p.poll() is None and time.monotonic() < deadline, "moto's server did not start"
                 time.sleep(0.1)
+
+    def gets(self, log: str, path: str) -> int:
+        """How many GET requests for ``path`` (e.g. ``/bucket/key``) the log holds."""
+        with open(log) as f:
+            lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in f]  # the log is coloured
+        return sum(f'"GET {path} ' in line or f'"GET {path}?' in line for line in lines)
 
     def stop(self) -> None:
         if self.p.poll() is None:
