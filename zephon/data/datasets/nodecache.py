@@ -83,6 +83,7 @@ class Sink:
         self.written = 0
 
     def write(self, b: bytes) -> None:
+        """Append ``b`` to the copy (a local write error is a :class:`CacheWriteError`)."""
         try:
             self._f.write(b)
         except OSError as e:
@@ -90,6 +91,7 @@ class Sink:
         self.written += len(b)
 
     def reset(self) -> None:
+        """Start the copy over (a download retried from its first byte)."""
         self._f.seek(0)
         self.written = 0
 
@@ -141,6 +143,7 @@ class NodeCache:
 
     # -- bookkeeping -------------------------------------------------------------------------
     def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to counter ``name`` of :attr:`stats` (thread-safe)."""
         with self._mu:
             self.stats[name] += n
 
@@ -404,11 +407,7 @@ def node_cache() -> NodeCache | None:
     """This process's shard cache as the environment sets it (``$ZEPHON_SHARD_CACHE``: the folder,
     unset or empty: no cache; ``$ZEPHON_SHARD_CACHE_GB``: the cap, default 32;
     ``$ZEPHON_SHARD_AHEAD``: downloads ahead, default 4, 0: none). One instance per process and
-    setting (worker processes inherit the environment and share the folder).
-
-    >>> import os; os.environ.pop("ZEPHON_SHARD_CACHE", None) and None; node_cache() is None
-    True
-    """
+    setting (worker processes inherit the environment and share the folder)."""
     root = os.environ.get(ENV_DIR, "").strip()
     if not root:
         return None
