@@ -469,7 +469,9 @@ class LaneWorkSource(ZNode[WorkItem]):
     def _hint(self, d: int, k: int) -> None:
         """Tell ``self.ahead`` the shards of this lane's records k, k+1, ... of dataset d (up to
         HINT_RECORDS of them, within the stream), located without touching the lane's state."""
-        ds = self.plan.datasets[d]
+        ahead, ds = self.ahead, self.plan.datasets[d]
+        if ahead is None:
+            return
         ks = np.arange(k, k + self.HINT_RECORDS, dtype=np.int64)
         qs = self.lane + ks * self.plan.lanes
         limit = ds.stream_length
@@ -482,7 +484,7 @@ class LaneWorkSource(ZNode[WorkItem]):
         for e in np.unique(epochs):
             sel = epochs == e
             shards[sel] = self.plan.epoch_order(d, int(e)).locate_many(ps[sel])[0]
-        self.ahead(d, shards)
+        ahead(d, shards)
 
     def _order(self, d: int, epoch: int) -> _EpochOrder | BlockOrder:
         order = self._orders[d]

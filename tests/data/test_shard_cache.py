@@ -187,23 +187,28 @@ def test_eviction_under_a_small_cap_spares_an_entry_another_process_reads(s3, tm
     ix = index_dataset("web", f"s3://{BUCKET}/e/*.jsonl", format="jsonl", cache_dir=str(tmp_path / "ix"))
     cache = node_cache()
     assert cache is not None and cache.limit < 3 * size
-    assert cache.stats["downloads"] == 3 and cache.stats["evictions"] == 1  # indexing a, b, c: a evicted
-    sp = ix._specs
-    key = [entry_key(s.url, s.version, s.size) for s in sp]
-    assert sorted(entries(tmp_path)) == sorted(key[1:])
-    # another process reads b (the least recently used entry now), holding it
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(tmp_path / "node-cache"), key[1]],
+    assert cache.stats["downloads"] == 3 and cache.stats["evictions"] == 1  # indexing a, b, c: one evicted
+    key = [entry_key(s.url, s.version, s.size) for s in ix._specs]
+    objects = tmp_path / "node-cache" / "objects"
+    (gone,) = [s for s in range(3) if key[s] not in entries(tmp_path)]
+    held, other = [s for s in range(3) if s != gone]
+    holder = subprocess.Popen(  # another process reads `held`, holding its entry
+        [sys.executable, "-c", HOLDER, str(tmp_path / "node-cache"), key[held]],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
-        assert holder.stdout.readline().strip().endswith(key[1])
-        assert ix.read(0, [5]) == ["aaaaaaaa 5 in the cache"]  # a comes back: c is evicted, b is held
-        assert sorted(entries(tmp_path)) == sorted(key[:2])
-        assert ix.read(2, [7]) == ["cccccccc 7 in the cache"]  # c: a and b... b is held, so a goes
-        assert sorted(entries(tmp_path)) == sorted([key[1], key[2]])
+        assert holder.stdout.readline().strip().endswith(key[held])
+        os.utime(objects / key[held], (1000, 1000))  # the least recently used entry: evicted first, if not held
+        os.utime(objects / key[other], (2000, 2000))
+        name = "abc"[gone]
+        assert ix.read(gone, [5]) == [f"{name * 8} 5 in the cache"]  # `other` is evicted, `held` is spared
+        assert sorted(entries(tmp_path)) == sorted([key[held], key[gone]])
+        os.utime(objects / key[gone], (3000, 3000))
+        name = "abc"[other]
+        assert ix.read(other, [7]) == [f"{name * 8} 7 in the cache"]  # again the held one is spared
+        assert sorted(entries(tmp_path)) == sorted([key[held], key[other]])
     finally:
         holder.communicate("\n", timeout=30)
     assert cache.stats["fallbacks"] == 0

@@ -68,8 +68,9 @@ def _download_ahead(p: Prepared) -> Callable[[int, Any], Any] | None:
         return None
 
     def hint(d: int, shards: Any) -> None:
-        if prefetch[d] is not None:
-            prefetch[d](shards)
+        fn = prefetch[d]
+        if fn is not None:
+            fn(shards)
 
     return hint
 

@@ -40,7 +40,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, BinaryIO
 
 __all__ = [
     "ENV_AHEAD",
@@ -78,7 +78,7 @@ class Sink:
     """Where a download writes: the temporary file of an entry (local write errors are
     :class:`CacheWriteError`, not storage faults to retry); ``reset()`` starts over (a retry)."""
 
-    def __init__(self, f: io.BufferedWriter) -> None:
+    def __init__(self, f: BinaryIO) -> None:
         self._f = f
         self.written = 0
 
