@@ -159,6 +159,7 @@ def test_a_changed_object_is_fetched_again_by_version_never_read_stale(s3, tmp_p
     assert len(entries(tmp_path)) == 2
     # a job that indexed the old version, on a cold cache: the download is refused, naming the object
     node_cache().drain()
+    node_cache().close()  # as a new process: no copy open
     for n in entries(tmp_path):
         os.unlink(tmp_path / "node-cache" / "objects" / n)
     old._caches.clear()

@@ -29,9 +29,11 @@ per process at a time. It never changes what is read, only when the bytes arrive
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import io
 import os
@@ -58,6 +60,7 @@ ENV_GB = "ZEPHON_SHARD_CACHE_GB"
 ENV_AHEAD = "ZEPHON_SHARD_AHEAD"
 _DEFAULT_GB = 32.0
 _DEFAULT_AHEAD = 4
+_HANDLES = 32  # entries a process keeps open for reading
 _TOUCH_S = 1.0  # an entry's last-use time is refreshed at most this often per process
 
 
@@ -65,6 +68,7 @@ class CacheWriteError(Exception):
     """Writing the local copy failed (no space, read-only folder): read directly instead."""
 
 
+@functools.lru_cache(maxsize=1 << 16)  # computed on every read of a remote shard
 def entry_key(url: str, version: str, size: int) -> str:
     """The cache key of one version of an object.
 
@@ -125,6 +129,7 @@ class NodeCache:
         self._warned: set[str] = set()
         self._touched: dict[str, float] = {}
         self._inflight: dict[str, Future] = {}
+        self._handles: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
         self.disabled: str | None = None
         self.stats = dict.fromkeys(
@@ -200,6 +205,66 @@ class NodeCache:
             raise
         f._lockfd = lockfd
         return f
+
+    def read_ranges(
+        self, key: str, size: int, fetch: Callable[[Sink], None], spans: list[tuple[int, int]]
+    ) -> list[bytes] | None:
+        """The byte ranges ``spans`` ([start, end) pairs) of entry ``key``'s copy, downloaded first
+        if needed; None where the cache cannot take it. The hot path: the copy stays open in this
+        process (at most ``_HANDLES`` entries), so a read is a shared lock, the preads, an unlock.
+        (An entry evicted while this process has it open stays readable, and its disk space is
+        freed when the handle is dropped: entries are immutable, so the bytes are the same.)"""
+        h = self._handle(key, size, fetch)
+        if h is None:
+            return None
+        lockfd, datafd = h
+        fcntl.flock(lockfd, fcntl.LOCK_SH)  # not evicted while it is read
+        try:
+            out = [os.pread(datafd, e - o, o) for o, e in spans]
+        finally:
+            fcntl.flock(lockfd, fcntl.LOCK_UN)
+        self.count("hits")
+        self.count("bytes_read", sum(map(len, out)))
+        return out
+
+    def _handle(self, key: str, size: int, fetch: Callable[[Sink], None]) -> tuple[int, int] | None:
+        with self._mu:
+            h = self._handles.get(key)
+            if h is not None:
+                self._handles.move_to_end(key)
+        if h is not None:
+            self._touch(key, self.path(key))
+            return h
+        lockfd = self._acquire(key, size, fetch)
+        if lockfd is None:
+            return None
+        try:
+            datafd = os.open(self.path(key), os.O_RDONLY)
+        except BaseException:
+            os.close(lockfd)
+            raise
+        fcntl.flock(lockfd, fcntl.LOCK_UN)
+        drop = []
+        with self._mu:
+            if key in self._handles:
+                drop.append((lockfd, datafd))
+                h = self._handles[key]
+            else:
+                h = self._handles[key] = (lockfd, datafd)
+                while len(self._handles) > _HANDLES:
+                    drop.append(self._handles.popitem(last=False)[1])
+        for fds in drop:
+            for fd in fds:
+                os.close(fd)
+        return h
+
+    def close(self) -> None:
+        """Drop this process's open copies (their disk space is freed if they were evicted)."""
+        with self._mu:
+            handles, self._handles = list(self._handles.values()), collections.OrderedDict()
+        for fds in handles:
+            for fd in fds:
+                os.close(fd)
 
     def _lock_fd(self, key: str) -> int | None:
         try:

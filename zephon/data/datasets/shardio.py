@@ -286,12 +286,16 @@ class ShardFiles(ShardStore):
         if sp.local:
             datas = self._pread(s, sp.fspath, groups, check=True)
         else:
-            with self._local_copy(s) as copy:
-                if copy is not None:  # the CRCs the readers check still guard these bytes
-                    datas = self._pread(s, copy, groups, check=False)
-                    node_cache().count("bytes_read", sum(map(len, datas)))  # type: ignore[union-attr]
-                else:
-                    datas = self._retrying(s, "reading", lambda: self._fetch_ranges(s, groups))
+            cache = self._node_cache(s)
+            copied = None
+            if cache is not None:  # the CRCs the readers check still guard these bytes
+                key = entry_key(sp.url, sp.version, sp.size)
+                spans = [(g[0], g[1]) for g in groups]
+                copied = cache.read_ranges(key, sp.size, lambda sink: self._download(s, sink), spans)
+            if copied is not None:
+                datas = copied
+            else:
+                datas = self._retrying(s, "reading", lambda: self._fetch_ranges(s, groups))
         for (o, end, ks), d in zip(groups, datas):
             if len(d) != end - o:
                 raise self._changed_error(s)
