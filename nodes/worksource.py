@@ -295,11 +295,14 @@ class LaneWorkSource(ZNode[WorkItem]):
 
     node_type = "work_source"
 
-    def __init__(self, plan: WorkPlan, lane: int) -> None:
+    def __init__(self, plan: WorkPlan, lane: int, ahead: Callable[[int, np.ndarray], Any] | None = None) -> None:
         super().__init__()
         if not 0 <= lane < plan.lanes:
             raise ValueError(f"lane must be in [0, {plan.lanes}), got {lane}")
         self.plan, self.lane = plan, lane
+        #: download-ahead: called with (dataset, shards of the lane's next records, in order) each
+        #: time a new window of records is located; a hint only, it changes nothing read
+        self.ahead = ahead
         n = len(plan.datasets)
         self._orders: list[_EpochOrder | BlockOrder | None] = [None] * n
         self._clear()
@@ -456,8 +459,32 @@ class LaneWorkSource(ZNode[WorkItem]):
                 order = self._order(d, int(e))
                 shards[sel], records[sel] = order.locate_many(ps[sel])
             ahead = self._ahead[d] = (k, epochs, shards, records)
+            if self.ahead is not None:
+                self._hint(d, k)
         i = k - ahead[0]
         return self.lane + k * self.plan.lanes, int(ahead[1][i]), int(ahead[2][i]), int(ahead[3][i])
+
+    HINT_RECORDS = 256  # download-ahead: the shards of the lane's next this many records of a dataset
+
+    def _hint(self, d: int, k: int) -> None:
+        """Tell ``self.ahead`` the shards of this lane's records k, k+1, ... of dataset d (up to
+        HINT_RECORDS of them, within the stream), located without touching the lane's state."""
+        ahead, ds = self.ahead, self.plan.datasets[d]
+        if ahead is None:
+            return
+        ks = np.arange(k, k + self.HINT_RECORDS, dtype=np.int64)
+        qs = self.lane + ks * self.plan.lanes
+        limit = ds.stream_length
+        if limit is not None:
+            qs = qs[qs < limit]
+        if not len(qs) or not ds.num_records:
+            return
+        epochs, ps = np.divmod(qs, ds.num_records)
+        shards = np.empty_like(qs)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            shards[sel] = self.plan.epoch_order(d, int(e)).locate_many(ps[sel])[0]
+        ahead(d, shards)
 
     def _order(self, d: int, epoch: int) -> _EpochOrder | BlockOrder:
         order = self._orders[d]

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import io
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
+from storage_server import MotoServer
 from text_fixtures import write_corpus, write_recipe
 
 pytest.importorskip("moto", reason="moto[server] is not installed (pip install -e '.[dev]')")
@@ -24,35 +22,6 @@ from zephon.data import DataError, index_dataset  # noqa: E402
 from zephon.tools.cli import run_hashes  # noqa: E402
 
 BUCKET = "zephon-test"
-
-
-class MotoServer:
-    """moto's S3 server on a free port of 127.0.0.1, in its own process."""
-
-    def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.p = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                break
-            except OSError:
-                assert self.p.poll() is None and time.monotonic() < deadline, "moto's server did not start"
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGCONT)
-            self.p.kill()
-        self.p.wait(timeout=30)
 
 
 @pytest.fixture

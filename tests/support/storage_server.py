@@ -1,10 +1,16 @@
 """A loopback HTTP file server with faults on demand, for the storage tests: answers 500 (the
 next N requests, or all), drops the connection mid-answer, stalls, ignores Range, omits ETag and
-Last-Modified, and serves files that the test replaces while it runs."""
+Last-Modified, and serves files that the test replaces while it runs; and moto's standalone S3
+server in its own process (:class:`MotoServer`)."""
 
 from __future__ import annotations
 
 import hashlib
+import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -107,3 +113,39 @@ class FaultyServer:
         self.stall_s = 0.0
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class MotoServer:
+    """moto's S3 server on a free port of 127.0.0.1, in its own process; ``log``: a file that
+    gets its request log (one line per request: method, path, status)."""
+
+    def __init__(self, log: str | None = None) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(log, "ab") if log else subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                break
+            except OSError:
+                assert self.p.poll() is None and time.monotonic() < deadline, "moto's server did not start"
+                time.sleep(0.1)
+
+    def gets(self, log: str, path: str) -> int:
+        """How many GET requests for ``path`` (e.g. ``/bucket/key``) the log holds."""
+        with open(log) as f:
+            lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in f]  # the log is coloured
+        return sum(f'"GET {path} ' in line or f'"GET {path}?' in line for line in lines)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGCONT)
+            self.p.kill()
+        self.p.wait(timeout=30)

@@ -27,7 +27,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon.data import set_tokenizers_parallelism
+from zephon.data import node_cache, set_tokenizers_parallelism
 from zephon.engine import LaneContext, OrderedMapper, WorkerConfig
 from zephon.engine.lanes import LaneSet, count_lane_steps
 from zephon.engine.workers import PoolSet
@@ -58,6 +58,23 @@ __all__ = ["RecipeLanes", "build_lane", "max_doc_tokens", "pad_item", "prefetch_
 IN_FLIGHT_PER_WORKER = {"tokenize": 16, "vision": 8}
 
 
+def _download_ahead(p: Prepared) -> Callable[[int, Any], Any] | None:
+    """The work source's download-ahead hint: the shards a lane reads next are fetched into the
+    node's shard cache in the background (None without a cache: nothing to fetch into)."""
+    if node_cache() is None:
+        return None
+    prefetch = [getattr(ix, "prefetch", None) for ix in p.indexes]
+    if not any(prefetch):
+        return None
+
+    def hint(d: int, shards: Any) -> None:
+        fn = prefetch[d]
+        if fn is not None:
+            fn(shards)
+
+    return hint
+
+
 def _front(p: Prepared, ctx: LaneContext, stage: str, workers: WorkerConfig | None) -> BaseNode:
     """WorkSource -> OrderedMapper(fetch) -> SkipCounter: the part text and image-text lanes share."""
     spec = p.spec
@@ -66,7 +83,7 @@ def _front(p: Prepared, ctx: LaneContext, stage: str, workers: WorkerConfig | No
         # with our own workers, the tokenizer's internal thread pool only serialises them
         set_tokenizers_parallelism(False)
     chunk = spec.workers.vision_chunk_size if stage == "vision" else spec.workers.chunk_size
-    node: BaseNode = LaneWorkSource(p.plan, ctx.lane)
+    node: BaseNode = LaneWorkSource(p.plan, ctx.lane, ahead=_download_ahead(p))
     node = OrderedMapper(
         node,
         batch_fn=p.fetch,

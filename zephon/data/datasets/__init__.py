@@ -11,12 +11,14 @@ Every index kind implements :class:`ShardIndex` (image-text ones :class:`ImageTe
 The modules: one per format (``jsonl``, ``text``, ``parquet``, ``arrow``, ``wds``,
 ``mm_parquet``), ``resolve`` (paths to shard files), ``cache`` (metadata cache, shard caches,
 pickling), and the two indexes (``index``: text, ``multimodal``: image-text); ``tokens``:
-pretokenized files (numpy, Megatron), whose index reads token-id arrays.
+pretokenized files (numpy, Megatron), whose index reads token-id arrays; ``nodecache``: the
+node-local cache of remote shards (``$ZEPHON_SHARD_CACHE``) and download-ahead.
 """
 
 from .errors import BadRecord, DataError
 from .index import DEFAULT_MAX_RECORD_BYTES, EMPTY, TEXT_MODES, DatasetIndex, index_dataset
 from .multimodal import KINDS, MultimodalIndex, index_multimodal
+from .nodecache import NodeCache, node_cache
 from .protocol import ImageTextShardIndex, ShardIndex
 from .resolve import FORMATS, MM_FORMATS, SAME_FILE, ShardMeta, default_cache_dir
 from .samples import MMRecord, image_header_size
@@ -47,6 +49,7 @@ __all__ = [
     "ImageTextShardIndex",
     "MMRecord",
     "MultimodalIndex",
+    "NodeCache",
     "ShardIndex",
     "ShardMeta",
     "TokenIndex",
@@ -55,6 +58,7 @@ __all__ = [
     "index_dataset",
     "index_multimodal",
     "index_tokens",
+    "node_cache",
     "out_of_vocab",
     "write_mds",
     "write_megatron",

@@ -146,11 +146,7 @@ class ArrowReader(ColumnReader):
             if sp.local:
                 src = pa.memory_map(sp.fspath, "r")
             else:
-                src = pa.BufferReader(
-                    self.ix._caches["blobs"].get(
-                        ("raw", s), lambda: self.ix._retrying(s, "reading", lambda: sp.fs.cat_file(sp.fspath))
-                    )
-                )
+                src = pa.BufferReader(self.ix._caches["blobs"].get(("raw", s), lambda: self.ix._cat(s)))
         except OSError as e:
             if isinstance(e, (FileNotFoundError, PermissionError)) or not isinstance(e, pa.ArrowException):
                 raise self.ix._io_error(s, e, "reading") from None

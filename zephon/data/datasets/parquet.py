@@ -27,16 +27,26 @@ class ParquetReader(ColumnReader):
     @contextlib.contextmanager
     def _parquet_file(self, s: int, metadata: Any = None) -> Iterator[Any]:
         """Open shard s as a ParquetFile (errors mapped to DataError); closes everything after."""
+
+        sp = self.ix._specs[s]
+        with self.ix._local_copy(s) as copy:  # a remote shard's node-cache copy, opened by path (fast)
+            path = sp.fspath if sp.local else copy
+            fh = None if path is not None else self.ix._open(s, cached=False)
+            with self._opened(s, path, fh, metadata) as pf:
+                yield pf
+
+    @contextlib.contextmanager
+    def _opened(self, s: int, path: str | None, fh: Any, metadata: Any) -> Iterator[Any]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        sp = self.ix._specs[s]
-        fh = None if sp.local else self.ix._open(s)
         try:
             try:
                 # pages written with a CRC are verified (a corrupted page raises instead of being
                 # trained on); pages without one cannot be
-                pf = pq.ParquetFile(sp.fspath if sp.local else fh, metadata=metadata, page_checksum_verification=True)
+                pf = pq.ParquetFile(
+                    path if path is not None else fh, metadata=metadata, page_checksum_verification=True
+                )
             except (FileNotFoundError, PermissionError) as e:
                 raise self.ix._io_error(s, e, "reading") from None
             except (pa.ArrowException, OSError) as e:

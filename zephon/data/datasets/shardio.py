@@ -10,9 +10,11 @@ a row group's text column) and :meth:`ShardFiles._verify` checks it on every rea
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -20,7 +22,8 @@ import numpy as np
 from ._scan import CompressionError, iter_decompressed
 from .cache import ShardStore
 from .errors import DataError
-from .resolve import ShardSpec
+from .nodecache import NodeCache, Sink, entry_key, node_cache
+from .resolve import ShardSpec, stat_spec
 from .retry import RangeIgnoredError, retried_io, transient
 
 __all__ = ["ShardFiles"]
@@ -111,10 +114,89 @@ class ShardFiles(ShardStore):
 
         return retried_io(fn, doing, lambda what, fix: self._err(s, what, fix), translate)
 
-    def _open(self, s: int, doing: str = "reading", stream: bool = False) -> Any:
-        """Shard s's file; ``stream``: read once from the start (over HTTP: one plain GET, no
-        Range requests)."""
+    # -- the node-local shard cache (:mod:`.nodecache`) ----------------------------------------
+
+    def _node_cache(self, s: int) -> NodeCache | None:
+        """The shard cache that takes remote shard s (None: read it directly)."""
         sp = self._specs[s]
+        if sp.local:
+            return None
+        cache = node_cache()
+        return cache if cache is not None and cache.takes(sp.version, sp.size) else None
+
+    def _download(self, s: int, sink: Sink) -> None:
+        """Shard s's whole object into ``sink`` (transient faults retried from the start), then
+        refused unless the object is still the version indexed (checked after the download: a
+        copy is never kept under a version it is not)."""
+        sp = self._specs[s]
+
+        def once() -> None:
+            sink.reset()
+            f = self._open(s, "downloading", stream=True, cached=False)
+            try:
+                while chunk := f.read(8 << 20):
+                    sink.write(chunk)
+            except OSError as e:
+                if transient(e):
+                    raise
+                raise self._io_error(s, e, "downloading") from None
+            finally:
+                f.close()
+
+        self._retrying(s, "downloading", once)
+        sp.fs.invalidate_cache(sp.fspath)  # the listing cache would answer with the old version
+        size, version = self._retrying(s, "checking the version of", lambda: stat_spec(sp))
+        if (size, version) != (sp.size, sp.version) or sink.written != sp.size:
+            raise self._changed_error(s, what=f"the object changed since it was indexed (now {version or 'unknown'})")
+
+    @contextlib.contextmanager
+    def _local_copy(self, s: int) -> Iterator[str | None]:
+        """The path of remote shard s's copy in the node cache, held (not evicted) inside the
+        block; None for a local shard or where the cache does not take it."""
+        cache = self._node_cache(s)
+        if cache is None:
+            yield None
+            return
+        sp = self._specs[s]
+        with cache.hold(entry_key(sp.url, sp.version, sp.size), sp.size, lambda sink: self._download(s, sink)) as p:
+            yield p
+
+    def prefetch(self, shards: Iterable[int]) -> int:
+        """Download ``shards`` into the node cache in the background (download-ahead; at most
+        ``$ZEPHON_SHARD_AHEAD`` at a time): how many were started. Reads are unchanged."""
+        started = 0
+        for s in dict.fromkeys(int(x) for x in shards):
+            cache = self._node_cache(s)
+            if cache is None:
+                continue
+            sp = self._specs[s]
+            started += cache.prefetch(entry_key(sp.url, sp.version, sp.size), functools.partial(self._warm, s))
+        return started
+
+    def _cat(self, s: int) -> bytes:
+        """Remote shard s's whole bytes (from the node cache where it takes it)."""
+        sp = self._specs[s]
+        with self._local_copy(s) as copy:
+            if copy is not None:
+                with open(copy, "rb") as f:
+                    return f.read()
+        return self._retrying(s, "reading", lambda: sp.fs.cat_file(sp.fspath))
+
+    def _warm(self, s: int) -> None:
+        with self._local_copy(s):
+            pass
+
+    def _open(self, s: int, doing: str = "reading", stream: bool = False, cached: bool = True) -> Any:
+        """Shard s's file; ``stream``: read once from the start (over HTTP: one plain GET, no
+        Range requests). A remote shard comes from the node cache where it takes it."""
+        sp = self._specs[s]
+        cache = self._node_cache(s) if cached else None
+        if cache is not None:
+            key = entry_key(sp.url, sp.version, sp.size)
+            f = cache.open(key, sp.size, lambda sink: self._download(s, sink))
+            if f is not None:
+                cache.count("bytes_read", sp.size)
+                return f
         try:
             if sp.local:
                 return open(sp.fspath, "rb")
@@ -202,19 +284,18 @@ class ShardFiles(ShardStore):
                 groups.append([o, e, [k]])
         out: list[bytes] = [b""] * len(offs)
         if sp.local:
-            try:
-                fd = os.open(sp.fspath, os.O_RDONLY)
-            except OSError as e:
-                raise self._io_error(s, e, "reading") from None
-            try:
-                self._check_local_unchanged(s, os.fstat(fd))
-                datas = [os.pread(fd, e - o, o) for o, e, _ in groups]
-            except OSError as e:
-                raise self._io_error(s, e, "reading") from None
-            finally:
-                os.close(fd)
+            datas = self._pread(s, sp.fspath, groups, check=True)
         else:
-            datas = self._retrying(s, "reading", lambda: self._fetch_ranges(s, groups))
+            cache = self._node_cache(s)
+            copied = None
+            if cache is not None:  # the CRCs the readers check still guard these bytes
+                key = entry_key(sp.url, sp.version, sp.size)
+                spans = [(g[0], g[1]) for g in groups]
+                copied = cache.read_ranges(key, sp.size, lambda sink: self._download(s, sink), spans)
+            if copied is not None:
+                datas = copied
+            else:
+                datas = self._retrying(s, "reading", lambda: self._fetch_ranges(s, groups))
         for (o, end, ks), d in zip(groups, datas):
             if len(d) != end - o:
                 raise self._changed_error(s)
@@ -222,6 +303,22 @@ class ShardFiles(ShardStore):
                 a = offs[k] - o
                 out[k] = d[a : a + lens[k]]
         return out
+
+    def _pread(self, s: int, path: str, groups: list[list], check: bool) -> list[bytes]:
+        """The byte ranges ``groups`` of the local file ``path`` (shard s or its cached copy;
+        ``check``: refuse it if it changed since indexing)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise self._io_error(s, e, "reading") from None
+        try:
+            if check:
+                self._check_local_unchanged(s, os.fstat(fd))
+            return [os.pread(fd, e - o, o) for o, e, _ in groups]
+        except OSError as e:
+            raise self._io_error(s, e, "reading") from None
+        finally:
+            os.close(fd)
 
     def _fetch_ranges(self, s: int, groups: list[list]) -> list[bytes]:
         """One try at the byte ranges ``groups`` of remote shard s (errors raised as they are,
