@@ -34,7 +34,6 @@ from zephon.engine.workers import PoolSet
 from zephon.nodes import (
     Batch,
     ChatPack,
-    FilterCounter,
     FilteredTokenize,
     LaneWorkSource,
     MMPack,
@@ -78,7 +77,7 @@ def _front(p: Prepared, ctx: LaneContext, stage: str, workers: WorkerConfig | No
         name=f"fetch+{stage}",
     )
     if isinstance(p.fetch, FilteredTokenize):  # [[filters]]: count and drop what they dropped
-        node = FilterCounter(node, rules=p.fetch.chain.names, dataset_names=[s.name for s in spec.datasets])
+        node = p.fetch.counter(node, [s.name for s in spec.datasets])
     return SkipCounter(
         node,
         dataset_names=[s.name for s in spec.datasets],

@@ -15,6 +15,7 @@ pretokenized files (numpy, Megatron), whose index reads token-id arrays.
 """
 
 from .errors import BadRecord, DataError
+from .fields import FIELD_FORMATS, read_fields
 from .index import DEFAULT_MAX_RECORD_BYTES, EMPTY, TEXT_MODES, DatasetIndex, index_dataset
 from .multimodal import KINDS, MultimodalIndex, index_multimodal
 from .protocol import ImageTextShardIndex, ShardIndex
@@ -35,6 +36,7 @@ __all__ = [
     "BYTES_PER_TOKEN",
     "DEFAULT_MAX_RECORD_BYTES",
     "EMPTY",
+    "FIELD_FORMATS",
     "FORMATS",
     "KINDS",
     "MM_FORMATS",
@@ -56,6 +58,7 @@ __all__ = [
     "index_multimodal",
     "index_tokens",
     "out_of_vocab",
+    "read_fields",
     "write_mds",
     "write_megatron",
     "write_tokens",
