@@ -64,7 +64,12 @@ FILTER_KINDS = ("length", "regex", "dedup", "field", "function", "transform", "s
 
 class FieldError(FilterError):
     """A ``field`` rule met a record without the field, or with a value of the wrong type: an
-    error naming the record, or a counted skip under the dataset's ``on_error = "skip"``."""
+    error naming the record, or a counted skip under the dataset's ``on_error = "skip"``
+    (``reason``: the skip's reason, short and stable)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Carried(NamedTuple):
@@ -165,14 +170,16 @@ class FilterRule:
         fix = "fix the data, restrict the filter with datasets = [...], or set on_error = \"skip\" for the dataset"
         if fields.get(name) is None:
             what = "is null" if name in fields else f"is missing (fields read: {', '.join(map(repr, fields)) or 'none'})"
-            raise FieldError(f"{where}: the field {what} on {{record}}; {fix}")
+            raise FieldError(f"{where}: the field {what} on {{record}}; {fix}", f"field {name!r} {what.split(' (')[0]}")
         v = fields[name]
         if "in" in p or "not_in" in p:
             if not isinstance(v, (str, bool, *_NUMBER)):
-                raise FieldError(f"{where}: the value is a {type(v).__name__}, not a string or number, on {{record}}; {fix}")
+                what = f"is a {type(v).__name__}, not a string or number"
+                raise FieldError(f"{where}: the value {what}, on {{record}}; {fix}", f"field {name!r} {what}")
             return v in p["in"] if "in" in p else v not in p["not_in"]
         if isinstance(v, bool) or not isinstance(v, _NUMBER):
-            raise FieldError(f"{where}: the value {v!r} is a {type(v).__name__}, not a number, on {{record}}; {fix}")
+            what = f"is a {type(v).__name__}, not a number"
+            raise FieldError(f"{where}: the value {v!r} {what}, on {{record}}; {fix}", f"field {name!r} {what}")
         return not (("min" in p and v < p["min"]) or ("max" in p and v > p["max"]))
 
     def _call_user(self, text: str, shard: int, record: int) -> Any:
@@ -323,7 +330,7 @@ class FilteredTokenize(FetchTokenize):
             except FilterError as e:
                 where = ix.locate(s, r)
                 if isinstance(e, FieldError) and self.on_error[d] == "skip":
-                    out.append(BadRecord(ix.name, where["file"], where["locator"], str(e).split(" on {record}")[0]))
+                    out.append(BadRecord(ix.name, where["file"], where["locator"], f"{e.reason} (filter rule)"))
                     continue
                 raise FilterError(str(e).replace("{record}", self.record_name(d, s, r))) from e.__cause__
         return out

@@ -82,7 +82,7 @@ class StatefulFunction:
         self.where = f"stateful filter {rule!r} ({path!r})"
         missing = [m for m in STATEFUL_METHODS if not any(callable(vars(k).get(m)) for k in getattr(cls, "__mro__", ())[:-1])]
         if not isinstance(cls, type) or missing:
-            what = f"has no method {missing[0]}()" if missing else "is not a class"
+            what = f"has no method {missing[0]}()" if isinstance(cls, type) else "is not a class"
             raise FilterError(
                 f"the {self.where} {what}: a stateful filter is a "
                 "class with __init__(**params), __call__(text) -> bool, state() -> dict and load(state)"
