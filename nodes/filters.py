@@ -167,9 +167,11 @@ class FilterRule:
         p = self.params
         name = p["field"]
         where = f"filter {self.name!r} (field {name!r})"
-        fix = "fix the data, restrict the filter with datasets = [...], or set on_error = \"skip\" for the dataset"
+        fix = 'fix the data, restrict the filter with datasets = [...], or set on_error = "skip" for the dataset'
         if fields.get(name) is None:
-            what = "is null" if name in fields else f"is missing (fields read: {', '.join(map(repr, fields)) or 'none'})"
+            what = (
+                "is null" if name in fields else f"is missing (fields read: {', '.join(map(repr, fields)) or 'none'})"
+            )
             raise FieldError(f"{where}: the field {what} on {{record}}; {fix}", f"field {name!r} {what.split(' (')[0]}")
         v = fields[name]
         if "in" in p or "not_in" in p:
@@ -421,7 +423,11 @@ class FilterCounter(ZNode[Any]):
         dropped = [state_ints(self, "dropped", row, len(self.names)) for row in rows]
         if self.stateful:
             users, held = initial_state["users"], initial_state["held"]
-            if not isinstance(users, list) or len(users) != len(self.users) or not all(isinstance(u, dict) for u in users):
+            if (
+                not isinstance(users, list)
+                or len(users) != len(self.users)
+                or not all(isinstance(u, dict) for u in users)
+            ):
                 raise StateError(f"{self!r}: state field 'users' must hold one dict per stateful filter")
             if not isinstance(held, list) or len(held) != len(self.names):
                 raise StateError(f"{self!r}: state field 'held' must hold one entry per dataset")

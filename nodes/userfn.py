@@ -80,7 +80,9 @@ class StatefulFunction:
         self.rule, self.path = rule, path
         cls = resolve_function(path)
         self.where = f"stateful filter {rule!r} ({path!r})"
-        missing = [m for m in STATEFUL_METHODS if not any(callable(vars(k).get(m)) for k in getattr(cls, "__mro__", ())[:-1])]
+        missing = [
+            m for m in STATEFUL_METHODS if not any(callable(vars(k).get(m)) for k in getattr(cls, "__mro__", ())[:-1])
+        ]
         if not isinstance(cls, type) or missing:
             what = f"has no method {missing[0]}()" if isinstance(cls, type) else "is not a class"
             raise FilterError(

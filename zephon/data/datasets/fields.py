@@ -79,7 +79,9 @@ def _parquet(ix: DatasetIndex, s: int, idx: np.ndarray, names: tuple[str, ...]) 
     rg_of = np.searchsorted(groups, idx, side="right") - 1
     out: list[dict[str, Any]] = [{} for _ in range(idx.size)]
     for rg in np.unique(rg_of).tolist():
-        table = ix._caches["row_groups"].get(("fields", s, rg, names), functools.partial(_parquet_group, ix, s, rg, names))
+        table = ix._caches["row_groups"].get(
+            ("fields", s, rg, names), functools.partial(_parquet_group, ix, s, rg, names)
+        )
         ks = np.flatnonzero(rg_of == rg)
         for k, row in zip(ks.tolist(), _rows(table, idx[ks] - groups[rg], names)):
             out[k] = row
