@@ -489,6 +489,11 @@ class FilterCounter(ZNode[Any]):
         """Documents dropped, by filter and dataset."""
         return {r: dict(zip(self.names, row)) for r, row in zip(self.rules, self.dropped)}
 
+    def ledger_counts(self) -> dict[str, int]:
+        """The documents dropped so far, ``{"rule/dataset": n}`` (non-zero ones): what the batch
+        ledger records per lane and step (:func:`zephon.engine.router.lane_counts`)."""
+        return {f"{r}/{d}": n for r, row in zip(self.rules, self.dropped) for d, n in zip(self.names, row) if n}
+
     def extra_metrics(self) -> dict[str, Any]:
         """Documents dropped as ``{"rule/dataset": n}`` (flat, so a rank's summary sums them over lanes)."""
         return {"filtered": {f"{r}/{d}": n for r, row in self.counts().items() for d, n in row.items()}}

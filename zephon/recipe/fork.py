@@ -40,6 +40,7 @@ from torchdata.nodes import BaseNode
 from zephon.engine import LaneContext, StateError, ZNode, check_state_keys, state_int, state_node
 from zephon.engine.checkpoint import is_lane_key, lane_state, seal_state, verify_state
 from zephon.engine.lanes import LaneSet
+from zephon.engine.router import lane_counts
 
 from .build import RecipeLanes
 from .migrations import LANE_MIGRATIONS
@@ -173,6 +174,10 @@ class ForkLane(ZNode[Any]):
 
     def upstreams(self) -> list[BaseNode]:
         return [n for n in (self.parent, self.child) if n is not None]
+
+    def ledger_counts(self) -> dict[str, int]:
+        """The counts of the pipeline in charge (the parent's before the fork step, the child's from it)."""
+        return lane_counts(self.parent if self.t < self.fork_step else self._child())
 
     def _child(self) -> BaseNode:
         if self.child is None:
