@@ -196,7 +196,7 @@ class Router(ZNode[Any]):
 
     def _check_fingerprint(self, state: Mapping[str, Any]) -> None:
         if state.get("fingerprint") != self.fingerprint:
-            hint = self.lane_set.explain_fingerprint(str(state.get("fingerprint")))
+            hint = self.lane_set.explain_fingerprint(str(state.get("fingerprint")), state.get("shared"))
             raise StateError(
                 f"the recipe changed since the checkpoint was written (fingerprint {state.get('fingerprint')!r} "
                 f"vs {self.fingerprint!r}): resuming would feed different data. "

@@ -78,6 +78,7 @@ from zephon.nodes import (
     resolve_function,
 )
 
+from .explain import filters_summary
 from .prepare import Prepared, TokenEstimate, work_plan
 from .spec import RecipeError, RecipeSpec
 
@@ -421,5 +422,10 @@ def with_filters(p: Prepared, filters: Sequence[FilterSpec]) -> Prepared:
     h = hashlib.sha256(p.fingerprint.encode())
     h.update(json.dumps([x.definition() for x in filters], sort_keys=True).encode())
     return dataclasses.replace(
-        p, estimates=estimates, plan=work_plan(spec, p.indexes, estimates), fetch=fetch, fingerprint=h.hexdigest()[:32]
+        p,
+        estimates=estimates,
+        plan=work_plan(spec, p.indexes, estimates),
+        fetch=fetch,
+        fingerprint=h.hexdigest()[:32],
+        definition={**p.definition, "filters": filters_summary([x.definition() for x in filters])},
     )
