@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import re
+import sys
 import sysconfig
 import zlib
 
@@ -21,6 +22,11 @@ from zephon.data.datasets import read_fields
 from zephon.engine.testing import ListSource, check_node
 from zephon.nodes import Carried, FilterCounter, FilteredDoc, FilterRule, TokDoc, WorkItem
 from zephon.recipe import RecipeError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 LANGS = ("en", "de", "fr")
 
@@ -262,3 +268,13 @@ def test_filter_counter_with_stateful_rule_check_node():
     kept = {(d.item.record, d.item.part) for d in got}
     assert all((r, 1) in kept for r, p in kept if p == 0 and r % 5 == 0)  # parts follow their first part
     assert n.counts()["per"]["a"] + n.counts()["per"]["b"] == 26 - 6  # 26 carried, 3 sources x 2 kept
+
+
+def test_readme_field_and_stateful_example_is_a_valid_recipe(root):
+    """The TOML of the README's "Metadata fields and stateful user functions" section validates."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+    section = readme.split("### Metadata fields and stateful user functions", 1)[1]
+    example = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    r = make(root, tomllib.loads(example)["filters"])
+    assert [f.kind for f in r.filters] == ["field", "field", "stateful"]
+    assert r.prepare().fingerprint
