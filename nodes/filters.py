@@ -475,15 +475,18 @@ class FilterCounter(ZNode[Any]):
                     return doc
                 self.dropped[verdict][doc.dataset] += 1
                 continue
-            it = getattr(doc, "item", None)
-            if self.stateful and it is not None and it.part > 0:
-                h = self.held[it.dataset]
-                if h[0] == it.shard and h[1] == it.record:
-                    if it.part == it.parts - 1:
-                        self.held[it.dataset] = [-1, -1, -1]
-                    if h[2] >= 0:
-                        continue
+            if self.stateful and isinstance(doc, TokDoc) and self._later_part_dropped(doc.item):
+                continue
             return doc
+
+    def _later_part_dropped(self, it: WorkItem) -> bool:
+        """Whether ``it``, a later part of a record a stateful rule judged, goes with its first part."""
+        h = self.held[it.dataset]
+        if it.part == 0 or h[0] != it.shard or h[1] != it.record:
+            return False
+        if it.part == it.parts - 1:
+            self.held[it.dataset] = [-1, -1, -1]
+        return h[2] >= 0
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Documents dropped, by filter and dataset."""
