@@ -21,7 +21,7 @@ set, counters): it is copied at every checkpoint of the lane's packer.
     ...     StatefulFunction("f", "collections:Counter", {})
     ... except FilterError as e:
     ...     print(str(e).split(": a stateful")[0])
-    the stateful filter 'f' ('collections:Counter') has no method state()
+    the stateful filter 'f' ('collections:Counter') has no method __call__()
 """
 
 from __future__ import annotations
