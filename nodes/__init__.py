@@ -19,15 +19,15 @@ from .blockorder import OPEN_BLOCKS, BlockOrder, expected_distinct, global_batch
 from .chat import LONG, ChatDoc, ChatOptions, ChatPack, FetchChat, fit_conversation
 from .filters import (
     FILTER_KINDS,
+    Carried,
+    FieldError,
     FilterChain,
     FilterCounter,
     FilteredDoc,
     FilteredTokenize,
-    FilterError,
     FilterRule,
     FilterVerdict,
     duplicate_records,
-    resolve_function,
 )
 from .images import DECODE_RULES, VisionConfig
 from .mmpack import MMPack, mm_pad_batch
@@ -37,6 +37,7 @@ from .rows import IGNORE_INDEX, LABELS, PartProvenance, Provenance, provenance_e
 from .shuffle import WindowShuffle
 from .skips import MAX_DETAIL_ROWS, SKIP_SHARE_WARNING, SkipCounter, SkipShareWarning, lane_share, reason_class
 from .tokenize import SPLIT_MODES, FetchTokenize, TokDoc, check_token_widths, part_span
+from .userfn import STATEFUL_METHODS, FilterError, StatefulFunction, resolve_function
 from .vision import FetchVision, LayoutSpan, MMDoc, sample_layout
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
 
@@ -53,8 +54,10 @@ __all__ = [
     "POLICIES",
     "SKIP_SHARE_WARNING",
     "SPLIT_MODES",
+    "STATEFUL_METHODS",
     "Batch",
     "BlockOrder",
+    "Carried",
     "ChatDoc",
     "ChatOptions",
     "ChatPack",
@@ -62,6 +65,7 @@ __all__ = [
     "FetchChat",
     "FetchTokenize",
     "FetchVision",
+    "FieldError",
     "FilterChain",
     "FilterCounter",
     "FilterError",
@@ -78,6 +82,7 @@ __all__ = [
     "Provenance",
     "SkipCounter",
     "SkipShareWarning",
+    "StatefulFunction",
     "TokDoc",
     "VisionConfig",
     "WeightSchedule",

@@ -697,3 +697,30 @@ def test_metrics_are_logged_every_n_steps(recipe_path, caplog):
         assert "packing" in lines[1] and ld.metrics()["Batch"]["items"] >= 4 * 4
     finally:
         ld.close()
+
+
+def test_the_loader_ledger_records_filtered_documents(recipe_path, tmp_path):
+    """A filtered recipe's ledger, written by the trainer's loader on W=2, records per lane the
+    documents its filters dropped, as ``zephon hashes --ledger`` on W=1 computes them."""
+    import io
+
+    from zephon.tools.cli import run_hashes
+    from zephon.tools.ledger import read_ledger
+
+    path = os.path.join(os.path.dirname(recipe_path), "filtered.toml")  # beside it: the same data
+    with open(recipe_path, encoding="utf-8") as f, open(path, "w", encoding="utf-8") as out:
+        out.write(
+            f.read() + '\n[[filters]]\nname = "no-the"\nkind = "regex"\npattern = "\\\\bthe\\\\b"\ndatasets = ["web"]\n'
+        )
+    folder, ref = str(tmp_path / "ledger"), str(tmp_path / "ref")
+    loaders = [_build(path, W=2, rank=r, lbs=4, ledger_dir=folder) for r in range(2)]
+    for _ in range(4):
+        for ld in loaders:
+            _take_step(ld)
+    for ld in loaders:
+        ld.close()
+    run_hashes(Recipe.from_toml(path), world_size=1, steps=4, out=io.StringIO(), ledger=ref)
+    got, want = read_ledger(folder), read_ledger(ref)
+    counts = {(b, l): got.filtered(b, l) for b in range(4) for l in range(LANES)}
+    assert counts == {(b, l): want.filtered(b, l) for b in range(4) for l in range(LANES)}
+    assert sum(c.get("no-the/web", 0) for c in counts.values()) > 0

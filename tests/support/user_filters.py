@@ -32,3 +32,77 @@ def wrong_type(text: str) -> int:
 def flaky(text: str) -> bool:
     """Not deterministic: answers alternate between calls."""
     return next(_calls) % 2 == 0
+
+
+class AtMostPerSource:
+    """Stateful: keep at most ``n`` documents per source (the text's first word) in a lane."""
+
+    def __init__(self, n: int = 2) -> None:
+        self.n, self.seen = n, {}
+
+    def __call__(self, text: str) -> bool:
+        src = (text.split() or [""])[0]
+        self.seen[src] = self.seen.get(src, 0) + 1
+        return self.seen[src] <= self.n
+
+    def state(self) -> dict:
+        return {"seen": dict(self.seen)}
+
+    def load(self, state: dict) -> None:
+        self.seen = dict(state["seen"])
+
+
+class NearDuplicates:
+    """Stateful: drop a text whose first ``prefix`` characters an earlier text of the lane had
+    (at most ``cap`` prefixes remembered, oldest forgotten first)."""
+
+    def __init__(self, prefix: int = 24, cap: int = 1000) -> None:
+        self.prefix, self.cap, self.seen = prefix, cap, []
+
+    def __call__(self, text: str) -> bool:
+        key = text[: self.prefix]
+        if key in self.seen:
+            return False
+        self.seen = (self.seen + [key])[-self.cap :]
+        return True
+
+    def state(self) -> dict:
+        return {"seen": list(self.seen)}
+
+    def load(self, state: dict) -> None:
+        self.seen = list(state["seen"])
+
+
+class Forgetful(AtMostPerSource):
+    """Stateful, but its state() leaves out what its answers depend on."""
+
+    def state(self) -> dict:
+        return {"seen": {}}
+
+
+class NotJson(AtMostPerSource):
+    """Stateful, but its state is a set (not JSON)."""
+
+    def state(self) -> dict:
+        return {"seen": set(self.seen)}
+
+
+class NoLoad:
+    """A stateful class without load()."""
+
+    def __init__(self) -> None:
+        pass
+
+    def __call__(self, text: str) -> bool:
+        return True
+
+    def state(self) -> dict:
+        return {}
+
+
+class Counts(AtMostPerSource):
+    """Stateful, but returns a count, not a bool."""
+
+    def __call__(self, text: str) -> bool:
+        super().__call__(text)
+        return len(self.seen)  # type: ignore[return-value]

@@ -299,9 +299,10 @@ class LaneSet:
         checkpoint cannot be resumed with this pipeline."""
         return self.adopt_end(shared)
 
-    def explain_fingerprint(self, fingerprint: str) -> str:
-        """What resumes a checkpoint written under another fingerprint, when the lane set can
-        tell (a recipe knows which of its data versions wrote it): a sentence, or ""."""
+    def explain_fingerprint(self, fingerprint: str, shared: Mapping[str, Any] | None = None) -> str:
+        """What resumes a checkpoint written under another fingerprint (its ``shared`` values
+        given), when the lane set can tell (a recipe knows which of its data versions wrote it,
+        and what its filters and fork were): a sentence, or ""."""
         return ""
 
     def __repr__(self) -> str:

@@ -26,7 +26,28 @@ from .node import PipelineError, StateError, ZNode, close_node, upstream_nodes
 from .prefetch import Prefetcher
 from .workers import PoolSet, WorkerConfig
 
-__all__ = ["GlobalLoader", "Router"]
+__all__ = ["GlobalLoader", "Router", "lane_counts"]
+
+#: per step: the owned lanes' digests and their :func:`lane_counts` (``digests=True``)
+_Record = tuple[list[str], list[dict[str, int]]]
+
+
+def lane_counts(node: Any) -> dict[str, int]:
+    """The counts a lane's nodes report for the batch ledger (each node with a
+    ``ledger_counts()`` method, e.g. documents filtered per filter and dataset), summed; read
+    right after the lane made a micro-batch, they are a function of the lane's data alone. A
+    node with the method answers for the nodes above it (they are not visited)."""
+    out: dict[str, int] = {}
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        counts = getattr(n, "ledger_counts", None)
+        if callable(counts):
+            for k, v in counts().items():
+                out[k] = out.get(k, 0) + int(v)
+            continue
+        stack.extend(upstream_nodes(n))
+    return out
 
 
 class Router(ZNode[Any]):
@@ -45,7 +66,8 @@ class Router(ZNode[Any]):
 
     ``digests=True``: the router hashes each owned lane's micro-batch (:func:`batch_sha256`)
     before merging them; after ``next()``, :attr:`last_lane_digests` holds them in lane order
-    (what a batch ledger records, see :func:`ledger_digest`).
+    (what a batch ledger records, see :func:`ledger_digest`), and :attr:`last_lane_counts` each
+    lane's :func:`lane_counts`.
 
     ``prefetch=N``: the router's steps run up to N local batches ahead on a :class:`Prefetcher`
     (a wrapper node); ``state_dict()`` is still the state after the last delivered batch. A
@@ -86,6 +108,8 @@ class Router(ZNode[Any]):
         self.digests = digests
         #: SHA-256 of each owned lane's micro-batch of the last delivered step (``digests=True``)
         self.last_lane_digests: list[str] | None = None
+        #: each owned lane's :func:`lane_counts` after the last delivered step (``digests=True``)
+        self.last_lane_counts: list[dict[str, int]] | None = None
         if not isinstance(lanes, int) or lanes < 1:
             raise ValueError(f"lanes must be a positive integer, got {lanes!r}")
         self.owned = lanes_of_rank(lanes, world_size, rank)
@@ -101,7 +125,7 @@ class Router(ZNode[Any]):
         self._produced = 0  # local batches computed (ahead of `step` when prefetching)
         self._cold = False  # the next pull is the first after a reset (see _next_of_lanes)
         steps = _RankSteps(self)
-        self._source: _RankSteps | Prefetcher[tuple[Any, list[str] | None, int]] = (
+        self._source: _RankSteps | Prefetcher[tuple[Any, _Record | None, int]] = (
             Prefetcher(steps, prefetch, name=f"zephon-prefetch-rank{rank}") if prefetch else steps
         )
 
@@ -172,7 +196,7 @@ class Router(ZNode[Any]):
 
     def _check_fingerprint(self, state: Mapping[str, Any]) -> None:
         if state.get("fingerprint") != self.fingerprint:
-            hint = self.lane_set.explain_fingerprint(str(state.get("fingerprint")))
+            hint = self.lane_set.explain_fingerprint(str(state.get("fingerprint")), state.get("shared"))
             raise StateError(
                 f"the recipe changed since the checkpoint was written (fingerprint {state.get('fingerprint')!r} "
                 f"vs {self.fingerprint!r}): resuming would feed different data. "
@@ -197,7 +221,7 @@ class Router(ZNode[Any]):
         # thread first and starts it on the first next(), so a reset only followed by a restore
         # (DCP asks for a template state first) never computes (or counts) ahead
         self._source.reset(initial_state)
-        self.last_lane_digests = None
+        self.last_lane_digests = self.last_lane_counts = None
 
     def _reset_lanes(self, initial_state: dict[str, Any] | None) -> None:
         if initial_state is None:
@@ -237,7 +261,7 @@ class Router(ZNode[Any]):
         self._restore_lanes(list(zip(self.owned, nodes)), initial_state)
         self.step = self._produced = step
 
-    def _compute(self) -> tuple[Any, list[str] | None, int]:
+    def _compute(self) -> tuple[Any, _Record | None, int]:
         """The next local batch, its lanes' digests and the step count after it (run ahead by
         the Prefetcher when prefetching)."""
         t = self._produced
@@ -250,12 +274,15 @@ class Router(ZNode[Any]):
                 )
             raise StopIteration  # the same step on every rank: no lane is touched
         outs = self._next_of_lanes(t, end)
-        digests = [batch_sha256(o) for o in outs] if self.digests else None
+        record = None
+        if self.digests:
+            record = ([batch_sha256(o) for o in outs], [lane_counts(n) for n in self.lane_nodes])
         self._produced += 1
-        return self.collate_fn(outs), digests, self._produced
+        return self.collate_fn(outs), record, self._produced
 
     def next(self) -> Any:
-        value, self.last_lane_digests, self.step = next(self._source)
+        value, record, self.step = next(self._source)
+        self.last_lane_digests, self.last_lane_counts = record if record is not None else (None, None)
         return value
 
     # -- many lanes: priming, parallel cold start and restore --------------------------------
@@ -454,7 +481,7 @@ def _par_map(fn: Callable[[Any], Any], items: list[Any], threads: int) -> list[A
     return [f.result() for f in futs]
 
 
-class _RankSteps(BaseNode[tuple[Any, "list[str] | None", int]]):
+class _RankSteps(BaseNode[tuple[Any, "_Record | None", int]]):
     """A router's steps as a node, for the :class:`Prefetcher` to run ahead: each item is
     (local batch, lane digests, step count after it); the state is the router's unsealed
     snapshot after that step; a reset resets (or restores) the router's lanes."""
@@ -467,7 +494,7 @@ class _RankSteps(BaseNode[tuple[Any, "list[str] | None", int]]):
         super().reset(initial_state)
         self.router._reset_lanes(initial_state)
 
-    def next(self) -> tuple[Any, list[str] | None, int]:
+    def next(self) -> tuple[Any, _Record | None, int]:
         return self.router._compute()
 
     def get_state(self) -> dict[str, Any]:

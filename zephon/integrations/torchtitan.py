@@ -473,7 +473,7 @@ class ZephonDataLoader(BaseDataLoader):
         if self.ledger is not None:
             r = self.recipe
             tokens = dataset_tokens(batch["dataset"], r.rows_per_lane, len(r.datasets))
-            self.ledger.write(step - 1, self.batches.lane_digests(), tokens)
+            self.ledger.write(step - 1, self.batches.lane_digests(), tokens, self.batches.lane_counts())
         self.on_local_batch(step, batch)
         if self.config.log_every and step % self.config.log_every == 0:
             self.log_metrics()

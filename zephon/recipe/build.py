@@ -34,7 +34,6 @@ from zephon.engine.workers import PoolSet
 from zephon.nodes import (
     Batch,
     ChatPack,
-    FilterCounter,
     FilteredTokenize,
     LaneWorkSource,
     MMPack,
@@ -46,6 +45,7 @@ from zephon.nodes import (
     pad_rows,
 )
 
+from .explain import explain_filters, explain_fork
 from .lanesteps import cached_lane_steps
 from .migrations import LANE_MIGRATIONS
 from .prepare import Prepared, fingerprint_of
@@ -95,7 +95,7 @@ def _front(p: Prepared, ctx: LaneContext, stage: str, workers: WorkerConfig | No
         name=f"fetch+{stage}",
     )
     if isinstance(p.fetch, FilteredTokenize):  # [[filters]]: count and drop what they dropped
-        node = FilterCounter(node, rules=p.fetch.chain.names, dataset_names=[s.name for s in spec.datasets])
+        node = p.fetch.counter(node, [s.name for s in spec.datasets])
     return SkipCounter(
         node,
         dataset_names=[s.name for s in spec.datasets],
@@ -226,9 +226,22 @@ class RecipeLanes(LaneSet):
         lanes = self if p is self.prepared else RecipeLanes(p, self.workers, self.respec)
         return lanes.adopt_end(shared)
 
-    def explain_fingerprint(self, fingerprint: str) -> str:
-        """The ``data_version`` that resumes a checkpoint written by an older zephon (or under
-        another version), found by fingerprinting the recipe under each version; "" if none."""
+    def explain_fingerprint(self, fingerprint: str, shared: Mapping[str, Any] | None = None) -> str:
+        """What differs from the checkpoint's recipe where it can tell (its ``[[filters]]``, a
+        fork, see :mod:`zephon.recipe.explain`), and the ``data_version`` that resumes a
+        checkpoint written by an older zephon (or under another version); "" if none."""
+        shared = shared if isinstance(shared, Mapping) else {}
+        theirs = shared.get("definition")
+        hints = [
+            explain_fork(shared.get("fork"), None),
+            explain_filters(
+                theirs.get("filters") if isinstance(theirs, Mapping) else None,
+                self.prepared.definition.get("filters", []),
+            ),
+        ]
+        return " ".join(h for h in [*hints, self._version_hint(fingerprint)] if h)
+
+    def _version_hint(self, fingerprint: str) -> str:
         p = self.prepared
         if self.respec is None:
             return ""

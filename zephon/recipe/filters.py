@@ -19,6 +19,17 @@ datasets it names or to all)::
     kind = "dedup"             # exact duplicates within a dataset: the first in file order stays
 
     [[filters]]
+    kind = "field"             # a metadata field of the record (a JSONL key, a Parquet/Arrow column)
+    field = "score"            # against min / max (numbers, inclusive) ...
+    min = 0.5
+    # in = ["en", "de"]        # ... or a set: in = [...] keeps only those values, not_in = [...] drops them
+
+    [[filters]]
+    kind = "stateful"          # a class keeping state across its lane's documents (zephon.nodes.userfn)
+    function = "my_pkg.dedup:NearDuplicates"   # NearDuplicates(**params)(text) -> bool; state(); load(state)
+    params = { bits = 64 }
+
+    [[filters]]
     kind = "function"          # or "transform" (returns the new text)
     function = "my_pkg.quality:keep"   # called as keep(text, **params) -> bool
     params = { threshold = 0.5 }
@@ -28,7 +39,12 @@ import path, parameters and a fingerprint of its code (the SHA-256 of the module
 and the version of the distribution that ships it), so editing the function is a new data
 definition and a checkpoint written before is refused. Before the run, each user function is
 called twice on a sample of each dataset's records: a function that raises, returns the wrong
-type or answers differently the second time is refused, naming the function and the record.
+type or answers differently the second time is refused, naming the function and the record. A
+stateful one is run over the sample by one instance, and again by an instance stopped halfway,
+its state passed through JSON into a fresh instance that finishes: any difference is refused.
+A ``field`` rule reads the named fields only for the datasets it applies to; a record without
+the field, or with a value of the wrong type, stops the run naming it (or, under the dataset's
+``on_error = "skip"``, is a counted skip).
 Token estimates of a filtered dataset are measured after filtering (kept tokens per byte of all
 sampled records), so its planned share accounts for what the rules drop.
 """
@@ -48,7 +64,6 @@ from typing import Any
 
 import numpy as np
 
-from zephon.data import TextTokenizer
 from zephon.data.datasets import BadRecord
 from zephon.engine import IndexPermutation, stable_u64
 from zephon.nodes import (
@@ -58,10 +73,12 @@ from zephon.nodes import (
     FilterError,
     FilterRule,
     FilterVerdict,
+    StatefulFunction,
     duplicate_records,
     resolve_function,
 )
 
+from .explain import filters_summary
 from .prepare import Prepared, TokenEstimate, work_plan
 from .spec import RecipeError, RecipeSpec
 
@@ -83,7 +100,9 @@ _KIND_KEYS: Mapping[str, tuple[str, ...]] = {
     "length": ("unit", "min", "max"),
     "regex": ("pattern", "action"),
     "dedup": (),
+    "field": ("field", "min", "max", "in", "not_in"),
     "function": ("function", "params"),
+    "stateful": ("function", "params"),
     "transform": ("function", "params"),
 }
 
@@ -156,7 +175,9 @@ def _params(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
         if action not in ("include", "exclude"):
             raise _err(where, f'action must be "include" or "exclude", got {action!r}')
         return {"params": {"pattern": pattern, "action": action}}
-    if kind in ("function", "transform"):
+    if kind == "field":
+        return {"params": _field_params(where, entry)}
+    if kind in ("function", "transform", "stateful"):
         path, params = entry.get("function"), entry.get("params", {})
         if not isinstance(path, str):
             raise _err(where, 'needs function = "package.module:function"')
@@ -164,12 +185,41 @@ def _params(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
             raise _err(where, f"params must be a table, got {params!r}")
         try:
             json.dumps(params, sort_keys=True)
+            if kind == "stateful":
+                StatefulFunction(entry.get("name", kind), path, params)  # the protocol and params, checked now
             return {"params": dict(params), "function": path, "code": code_fingerprint(path)}
         except FilterError as e:
             raise _err(where, str(e)) from None
         except (TypeError, ValueError) as e:
             raise _err(where, f"params must be plain TOML values: {e}") from None
     return {}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _field_params(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``field`` rule's settings: the field, and a threshold (min/max) or a set (in/not_in)."""
+    name = entry.get("field")
+    if not isinstance(name, str) or not name:
+        raise _err(where, 'needs field = "the name of a metadata field" (a JSONL key, a Parquet/Arrow column)')
+    given = [k for k in ("min", "max", "in", "not_in") if k in entry]
+    if not given or (set(given) & {"in", "not_in"} and len(given) > 1):
+        raise _err(where, f"needs min and/or max (numbers), or one of in / not_in (a list of values); got {given}")
+    out: dict[str, Any] = {"field": name}
+    for k in given:
+        v = entry[k]
+        if k in ("min", "max") and not _number(v):
+            raise _err(where, f"{k} must be a number, got {v!r}")
+        if k in ("in", "not_in"):
+            if not isinstance(v, list) or not v or not all(isinstance(x, str) or _number(x) for x in v):
+                raise _err(where, f"{k} must be a non-empty list of strings or numbers, got {v!r}")
+            v = sorted(set(v), key=repr)
+        out[k] = v
+    if "min" in out and "max" in out and out["max"] < out["min"]:
+        raise _err(where, f"max = {out['max']} is below min = {out['min']}: every document would be dropped")
+    return out
 
 
 def parse_filters(raw: Any, spec: RecipeSpec) -> tuple[FilterSpec, ...]:
@@ -235,6 +285,18 @@ def _read(ix: Any, pairs: Sequence[tuple[int, int]]) -> list[Any]:
     return out
 
 
+def _decided(fetch: FilteredTokenize, d: int, pairs: Sequence[tuple[int, int]], upto: int | None = None) -> list[Any]:
+    """The chain's answer for each sampled record (``pairs`` in file order), as the workers give it;
+    a rule's error (a user function's, a field's) as a :class:`RecipeError` naming the record."""
+    out: list[Any] = []
+    try:
+        for s in sorted({s for s, _ in pairs}):
+            out += fetch.decide_records(d, s, [r for ss, r in pairs if ss == s], upto)
+    except FilterError as e:
+        raise RecipeError(f"recipe: {e}") from e.__cause__
+    return out
+
+
 def _check_determinism(chain: FilterChain, d: int, ix: Any, pairs: Sequence[tuple[int, int]]) -> None:
     """Call each user rule twice on the first sampled records; refuse a differing answer."""
     count = len  # user rules never count tokens
@@ -258,20 +320,60 @@ def _check_determinism(chain: FilterChain, d: int, ix: Any, pairs: Sequence[tupl
                 )
 
 
-def filtered_estimate(
-    chain: FilterChain, d: int, ix: Any, tok: TextTokenizer, pairs: Sequence[tuple[int, int]]
-) -> TokenEstimate:
-    """Tokens per byte of dataset ``d`` after the chain: content tokens of the kept (transformed)
-    texts over the bytes of every good sampled record, BOS/EOS scaled by the share kept."""
-    nbytes, kept, good = 0, [], 0
-    for (s, r), text in zip(pairs, _read(ix, pairs)):
+def _run_stateful(
+    fetch: FilteredTokenize, rule: FilterRule, d: int, pairs: Sequence[tuple[int, int]], texts: Sequence[str]
+) -> list[bool]:
+    """A stateful rule's answers over ``texts`` (the kept sampled records, in order) by one
+    instance, checked against an instance stopped halfway whose state, through JSON, a fresh
+    instance continues: a stateful filter must be deterministic and restore exactly."""
+    where = f"stateful filter {rule.name!r} ({rule.function!r})"
+    pos, half = 0, len(texts) // 2
+    ref: list[bool] = []
+    got: list[bool] = []
+    try:
+        one = StatefulFunction(rule.name, str(rule.function), rule.params)
+        for pos in range(len(texts)):
+            ref.append(one(texts[pos]))
+        a = StatefulFunction(rule.name, str(rule.function), rule.params)
+        for pos in range(half):
+            got.append(a(texts[pos]))
+        b = StatefulFunction(rule.name, str(rule.function), rule.params)
+        b.load(a.state())
+        for pos in range(half, len(texts)):
+            got.append(b(texts[pos]))
+    except FilterError as e:
+        rec = fetch.record_name(d, *pairs[pos]) if pairs else "(no record)"
+        raise RecipeError(f"recipe: {str(e).replace('{record}', rec)}") from e.__cause__
+    for k, (x, y) in enumerate(zip(ref, got)):
+        if x != y:
+            raise RecipeError(
+                f"recipe: {where} is not deterministic or does not restore exactly: run over the sampled records "
+                f"of dataset {fetch.datasets[d].name!r} it answered {x} on {fetch.record_name(d, *pairs[k])}, but "
+                f"{y} when restored from its state() halfway; make __call__ depend on the text, the params and "
+                "what state() holds only, and load(state) restore all of it"
+            )
+    return ref
+
+
+def filtered_estimate(fetch: FilteredTokenize, d: int, pairs: Sequence[tuple[int, int]]) -> TokenEstimate:
+    """Tokens per byte of dataset ``d`` after the chain (its stateful rules run over the sample
+    in file order, by one instance each): content tokens of the kept (transformed) texts over the
+    bytes of every good sampled record, BOS/EOS scaled by the share kept. Checks each stateful
+    rule (:func:`_run_stateful`) on the way."""
+    ix, tok = fetch.datasets[d], fetch.tokenizer
+    nbytes, kept, good, where = 0, [], 0, []
+    for (s, r), text in zip(pairs, _decided(fetch, d, pairs)):
         if isinstance(text, BadRecord):
             continue
         good += 1
         nbytes += int(ix.record_bytes(s)[r])
-        out = chain.decide(d, s, r, text, count_tokens=lambda t: len(tok.encode_content([t])[0]))
-        if not isinstance(out, FilterVerdict):
-            kept.append(out)
+        if not isinstance(text, FilterVerdict):
+            kept.append(text)
+            where.append((s, r))
+    for rule in fetch.chain.rules:
+        if rule.kind == "stateful" and rule.applies(d):
+            keep = _run_stateful(fetch, rule, d, where, kept)
+            kept, where = [t for t, k in zip(kept, keep) if k], [w for w, k in zip(where, keep) if k]
     if good and not kept:
         raise RecipeError(
             f"recipe: the [[filters]] drop all {good} records of dataset {ix.name!r} sampled to estimate its tokens: "
@@ -285,20 +387,16 @@ def filtered_estimate(
     return TokenEstimate(max(tokens, 1.0) / max(nbytes, 1), per_record * share, len(kept))
 
 
-def _dedup(chain: FilterChain, at: int, d: int, ix: Any, tok: TextTokenizer) -> frozenset[tuple[int, int]]:
+def _dedup(fetch: FilteredTokenize, at: int, d: int) -> frozenset[tuple[int, int]]:
     """The later copies of dataset ``d``'s texts (after the rules before ``at``)."""
-
-    def count(text: str) -> int:
-        return len(tok.encode_content([text])[0])
+    ix = fetch.datasets[d]
 
     def read_shard(s: int) -> Any:
         n = ix.shards[s].num_records
         for lo in range(0, n, 4096):
-            yield from ix.read(s, list(range(lo, min(n, lo + 4096))))
+            yield from _decided(fetch, d, [(s, r) for r in range(lo, min(n, lo + 4096))], upto=at)
 
-    return duplicate_records(
-        read_shard, len(ix.shards), lambda s, r, t: chain.decide(d, s, r, t, upto=at, count_tokens=count)
-    )
+    return duplicate_records(read_shard, len(ix.shards), lambda s, r, t: t)
 
 
 def with_filters(p: Prepared, filters: Sequence[FilterSpec]) -> Prepared:
@@ -309,20 +407,25 @@ def with_filters(p: Prepared, filters: Sequence[FilterSpec]) -> Prepared:
         return p
     spec = p.spec
     chain = FilterChain(_rules(filters, spec))
+    f = p.fetch
+    fetch = FilteredTokenize(f.datasets, f.tokenizer, f.on_error, align=f.align, split=f.split, chain=chain)
     estimates = dict(p.estimates)
     for d, (ds, ix) in enumerate(zip(spec.datasets, p.indexes)):
         if not any(rule.applies(d) for rule in chain.rules):
             continue
         for at, rule in enumerate(chain.rules):
             if rule.kind == "dedup" and rule.applies(d):
-                rule.duplicates = {**rule.duplicates, d: _dedup(chain, at, d, ix, p.tokenizer)}
+                rule.duplicates = {**rule.duplicates, d: _dedup(fetch, at, d)}
         pairs = _sample(ix, spec.seed, d, spec.mixing.estimate_samples)
         _check_determinism(chain, d, ix, pairs)
-        estimates[ds.name] = filtered_estimate(chain, d, ix, p.tokenizer, pairs)
-    f = p.fetch
-    fetch = FilteredTokenize(f.datasets, f.tokenizer, f.on_error, align=f.align, split=f.split, chain=chain)
+        estimates[ds.name] = filtered_estimate(fetch, d, pairs)
     h = hashlib.sha256(p.fingerprint.encode())
     h.update(json.dumps([x.definition() for x in filters], sort_keys=True).encode())
     return dataclasses.replace(
-        p, estimates=estimates, plan=work_plan(spec, p.indexes, estimates), fetch=fetch, fingerprint=h.hexdigest()[:32]
+        p,
+        estimates=estimates,
+        plan=work_plan(spec, p.indexes, estimates),
+        fetch=fetch,
+        fingerprint=h.hexdigest()[:32],
+        definition={**p.definition, "filters": filters_summary([x.definition() for x in filters])},
     )

@@ -40,8 +40,10 @@ from torchdata.nodes import BaseNode
 from zephon.engine import LaneContext, StateError, ZNode, check_state_keys, state_int, state_node
 from zephon.engine.checkpoint import is_lane_key, lane_state, seal_state, verify_state
 from zephon.engine.lanes import LaneSet
+from zephon.engine.router import lane_counts
 
 from .build import RecipeLanes
+from .explain import explain_fork
 from .migrations import LANE_MIGRATIONS
 from .spec import RecipeError
 
@@ -174,6 +176,10 @@ class ForkLane(ZNode[Any]):
     def upstreams(self) -> list[BaseNode]:
         return [n for n in (self.parent, self.child) if n is not None]
 
+    def ledger_counts(self) -> dict[str, int]:
+        """The counts of the pipeline in charge (the parent's before the fork step, the child's from it)."""
+        return lane_counts(self.parent if self.t < self.fork_step else self._child())
+
     def _child(self) -> BaseNode:
         if self.child is None:
             self.child = self.make_child()
@@ -251,8 +257,24 @@ class ForkLanes(LaneSet):
         super().__init__(functools.partial(_fork_lane, parent, child, step, names))
         self.parent, self.child, self.step = parent, child, step
 
+    def _fork(self) -> dict[str, Any]:
+        return {"parent": self.parent.prepared.fingerprint[:16], "step": self.step}
+
     def shared_state(self) -> dict[str, Any]:
-        return self.child.shared_state()
+        return {**self.child.shared_state(), "fork": self._fork()}
+
+    def explain_fingerprint(self, fingerprint: str, shared: Mapping[str, Any] | None = None) -> str:
+        """The parent run's checkpoint (convert it), another fork step or parent, or what the
+        child recipe can tell (its filters, its data version)."""
+        if fingerprint == self.parent.prepared.fingerprint:
+            return (
+                f"It is the parent run's checkpoint: convert it with recipe.continue_state(state) (one written at or "
+                f"before the fork step {self.step}) to resume it as this fork."
+            )
+        shared = shared if isinstance(shared, Mapping) else {}
+        fork = explain_fork(shared.get("fork"), self._fork())
+        rest = self.child.explain_fingerprint(fingerprint, {k: v for k, v in shared.items() if k != "fork"})
+        return " ".join(h for h in (fork, rest) if h)
 
     def adopt(self, shared: Mapping[str, Any]) -> LaneSet:
         child = self.child.adopt(shared)

@@ -16,7 +16,11 @@ Lines (``"v": 1``)::
     {"kind": "run", "recipe": path, "fingerprint": ..., "lanes": L, "datasets": [names],
      "world_size": W, "rank": r, "lane_range": [lo, hi], "start_batch": b, "time": t}
     {"kind": "step", "batch": b, "trainer_step": b + 1, "world_size": W, "rank": r,
-     "lane_range": [lo, hi], "lane_digests": [hex, ...], "dataset_tokens": [[n_d, ...], ...], "time": t}
+     "lane_range": [lo, hi], "lane_digests": [hex, ...], "dataset_tokens": [[n_d, ...], ...], "time": t,
+     "filtered": [{"rule/dataset": n, ...}, ...]}
+
+``filtered`` (only in runs of recipes with ``[[filters]]``): per lane, the documents its filters
+dropped so far, per filter and dataset (non-zero counts), when it made the step's micro-batch.
 
 ``batch`` counts global batches from 0 (the numbering of ``zephon hashes``); TorchTitan's
 trainer step that consumed it is ``batch + 1``.
@@ -30,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 import numpy as np
@@ -108,13 +112,21 @@ class LedgerWriter:
         }
         self._f: TextIO | None = None
 
-    def write(self, batch: int, lane_digests: Sequence[str], tokens: Sequence[Sequence[int]]) -> None:
-        """Record global batch ``batch`` (0-based): this rank's lane digests and tokens per dataset."""
+    def write(
+        self,
+        batch: int,
+        lane_digests: Sequence[str],
+        tokens: Sequence[Sequence[int]],
+        filtered: Sequence[Mapping[str, int]] | None = None,
+    ) -> None:
+        """Record global batch ``batch`` (0-based): this rank's lane digests and tokens per
+        dataset, and its lanes' filtered documents (recorded when any lane has some)."""
         if len(lane_digests) != len(self.lane_range):
             raise ValueError(f"rank {self.rank} owns {len(self.lane_range)} lanes, got {len(lane_digests)} digests")
         if self._f is None:
             self._f = open(self.path, "a", encoding="utf-8")
             self._line(dict(self._head, start_batch=int(batch), time=round(time.time(), 3)))
+        extra = {"filtered": [dict(f) for f in filtered]} if filtered and any(filtered) else {}
         self._line(
             {
                 "v": LEDGER_VERSION,
@@ -127,6 +139,7 @@ class LedgerWriter:
                 "lane_digests": list(lane_digests),
                 "dataset_tokens": [list(map(int, t)) for t in tokens],
                 "time": round(time.time(), 6),
+                **extra,
             }
         )
 

@@ -188,6 +188,9 @@ class Prepared:
     fetch: Any  # the mapper's worker function: FetchTokenize, or FetchVision for image-text recipes
     fingerprint: str
     special: Mapping[str, int]  # image placeholder token ids (multimodal recipes)
+    #: a summary of the data definition's optional parts (``[[filters]]``), kept in checkpoints
+    #: so a refused resume can name what differs; empty (and absent from checkpoints) without them
+    definition: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def pad_id(self) -> int:
@@ -205,6 +208,7 @@ class Prepared:
             },
             "data": {s.name: ix.fingerprint[:16] for s, ix in zip(self.spec.datasets, self.indexes)},
             "tokenizer": self.tokenizer.fingerprint[:16],
+            **({"definition": dict(self.definition)} if self.definition else {}),
         }
 
     def adopt(self, shared: Mapping[str, Any]) -> Prepared:
@@ -236,7 +240,8 @@ class Prepared:
                 f"the tokenizer at {self.spec.tokenizer.path!r} (or the BOS/EOS or special-token policy) changed "
                 f"since the checkpoint was written; restore it, or start a new run.{hint}"
             )
-        unknown = sorted(k for k in shared if k not in ("token_estimates", "data", "tokenizer"))
+        # definition / fork: what the recipe's filters and fork were (read by a refusal's explanation)
+        unknown = sorted(k for k in shared if k not in ("token_estimates", "data", "tokenizer", "definition", "fork"))
         if unknown:
             raise StateError(f"checkpoint 'shared' has an unknown entry {unknown[0]!r}; it was edited or is foreign")
         raw = shared.get("token_estimates")

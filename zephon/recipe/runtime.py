@@ -181,6 +181,16 @@ class RankBatches:
             out.extend(r.last_lane_digests)
         return out
 
+    def lane_counts(self) -> list[dict[str, int]]:
+        """Each lane's ledger counts after the last step (documents filtered per filter and
+        dataset, see :func:`zephon.engine.router.lane_counts`), in lane order; {} where unknown."""
+        routers = self._source.routers if isinstance(self._source, GlobalLoader) else [self._source]
+        out: list[dict[str, int]] = []
+        for r in routers:
+            counts = getattr(r, "last_lane_counts", None)
+            out.extend(counts if counts is not None else [{} for _ in (r.last_lane_digests or [])])
+        return out
+
     def step_digest(self) -> str:
         """:func:`zephon.engine.digest.ledger_digest` of the last step's lanes (what a batch ledger records)."""
         return ledger_digest(self.lane_digests())

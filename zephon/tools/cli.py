@@ -131,7 +131,8 @@ def run_hashes(
             h = g.step_digest() if digest == "ledger" else batch_sha256(batch)
             hashes.append(h)
             print(f"step {t} {h}", file=out, flush=True)
-            write_ledgers(writers, recipe, t, g.lane_digests() if writers else [], batch)
+            if writers:
+                write_ledgers(writers, recipe, t, g.lane_digests(), batch, g.lane_counts())
             if save_at is not None and checkpoint is not None and t + 1 == save_at:
                 _save(g, checkpoint, t, err)
         for w in writers:

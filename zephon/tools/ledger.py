@@ -42,6 +42,7 @@ class _LaneEntry:
     tokens: list[int]
     time: float
     where: str
+    filtered: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -102,6 +103,11 @@ class Ledger:
         e = self.entries.get(batch, {}).get(lane)
         return None if e is None else e.tokens
 
+    def filtered(self, batch: int, lane: int) -> dict[str, int] | None:
+        """Documents ``lane``'s filters had dropped by ``batch``, per ``"filter/dataset"``."""
+        e = self.entries.get(batch, {}).get(lane)
+        return None if e is None else e.filtered
+
     def recipe(self) -> Recipe | None:
         """The recipe the latest run names, if it is there and still has the fingerprint."""
         if not self.runs:
@@ -150,9 +156,14 @@ def read_ledger(path: str) -> Ledger:
                 lo, hi = rec["lane_range"]
                 b = int(rec["batch"])
                 lanes = out.entries.setdefault(b, {})
+                filtered = rec.get("filtered") or [{}] * (hi - lo)
                 for j, lane in enumerate(range(lo, hi)):
                     e = _LaneEntry(
-                        rec["lane_digests"][j], rec["dataset_tokens"][j], rec["time"], f"{os.path.basename(file)}:{n}"
+                        rec["lane_digests"][j],
+                        rec["dataset_tokens"][j],
+                        rec["time"],
+                        f"{os.path.basename(file)}:{n}",
+                        dict(filtered[j]),
                     )
                     old = lanes.get(lane)
                     if old is not None and old.digest != e.digest:
@@ -177,6 +188,7 @@ class RecipeSteps:
         self.path = os.path.join(recipe.base_dir, "(recipe)")
         self._digests: list[list[str]] = []
         self._tokens: list[list[list[int]]] = []
+        self._filtered: list[list[dict[str, int]]] = []
         self._loader: Any = None
         self.ended_after: int | None = None  # batches the recipe holds, once its end was reached
 
@@ -203,9 +215,12 @@ class RecipeSteps:
                 self.close()
                 return False
             lanes: list[str] = []
+            counts: list[dict[str, int]] = []
             for r in self._loader.routers:
                 lanes.extend(r.last_lane_digests)
+                counts.extend(r.last_lane_counts)
             self._digests.append(lanes)
+            self._filtered.append(counts)
             self._tokens.append(dataset_tokens(b["dataset"], self.recipe.rows_per_lane, len(self.recipe.datasets)))
         return True
 
@@ -221,6 +236,10 @@ class RecipeSteps:
     def tokens(self, batch: int, lane: int) -> list[int] | None:
         """Tokens per dataset of ``lane``'s micro-batch at ``batch``."""
         return self._tokens[batch][lane] if self._advance(batch) else None
+
+    def filtered(self, batch: int, lane: int) -> dict[str, int] | None:
+        """Documents ``lane``'s filters had dropped by ``batch``, per ``"filter/dataset"``."""
+        return self._filtered[batch][lane] if self._advance(batch) else None
 
     def close(self) -> None:
         """Stop the loader (idempotent)."""
@@ -303,11 +322,19 @@ def ledger_writers(recipe: Recipe, world_size: int, folder: str, recipe_path: st
     ]
 
 
-def write_ledgers(writers: list[LedgerWriter], recipe: Recipe, t: int, digests: list[str], batch: Any) -> None:
-    """Global batch ``t``'s line in each rank's ledger: its lanes' digests and tokens per dataset."""
+def write_ledgers(
+    writers: list[LedgerWriter],
+    recipe: Recipe,
+    t: int,
+    digests: list[str],
+    batch: Any,
+    filtered: list[dict[str, int]] | None = None,
+) -> None:
+    """Global batch ``t``'s line in each rank's ledger: its lanes' digests, tokens per dataset
+    and filtered documents."""
     if not writers:
         return
     tokens = dataset_tokens(batch["dataset"], recipe.rows_per_lane, len(recipe.datasets))
     for w in writers:
         lo, hi = w.lane_range.start, w.lane_range.stop
-        w.write(t, digests[lo:hi], tokens[lo:hi])
+        w.write(t, digests[lo:hi], tokens[lo:hi], None if filtered is None else filtered[lo:hi])

@@ -133,6 +133,9 @@ def _explain(
         lines.extend(f"recipe difference: {d}" for d in recipe_differences(ra, rb))
     for lane in out.lanes[:max_lanes]:
         lines.append(_lane_tokens(a.tokens(t, lane), b.tokens(t, lane), lane, names, changed))
+        filtered = _lane_filtered(a.filtered(t, lane), b.filtered(t, lane))
+        if filtered:
+            lines.append(filtered)
         if ra is None or rb is None:
             missing = "A" if ra is None else "B"
             lines.append(
@@ -158,6 +161,17 @@ def _lane_tokens(
         delta = f" ({y - x:+d})" if isinstance(x, int) and isinstance(y, int) and x != y else ""
         parts.append(f"{name} {x}/{y}{delta}")
     return f"  lane {lane}: tokens per dataset (A/B): " + ", ".join(parts)
+
+
+def _lane_filtered(fa: dict[str, int] | None, fb: dict[str, int] | None) -> str:
+    """Documents the lane's filters had dropped by then, per filter and dataset (``A/B (+delta)``);
+    "" when neither side filtered any."""
+    fa, fb = fa or {}, fb or {}
+    parts = []
+    for k in sorted(set(fa) | set(fb)):
+        x, y = fa.get(k, 0), fb.get(k, 0)
+        parts.append(f"{k} {x}/{y}" + (f" ({y - x:+d})" if x != y else ""))
+    return "    documents filtered so far (A/B): " + ", ".join(parts) if parts else ""
 
 
 def _lane_documents(ra: Recipe, rb: Recipe, t: int, lane: int, changed: set[str], max_documents: int) -> list[str]:

@@ -16,6 +16,7 @@ node-local cache of remote shards (``$ZEPHON_SHARD_CACHE``) and download-ahead.
 """
 
 from .errors import BadRecord, DataError
+from .fields import FIELD_FORMATS, read_fields
 from .index import DEFAULT_MAX_RECORD_BYTES, EMPTY, TEXT_MODES, DatasetIndex, index_dataset
 from .multimodal import KINDS, MultimodalIndex, index_multimodal
 from .nodecache import NodeCache, node_cache
@@ -37,6 +38,7 @@ __all__ = [
     "BYTES_PER_TOKEN",
     "DEFAULT_MAX_RECORD_BYTES",
     "EMPTY",
+    "FIELD_FORMATS",
     "FORMATS",
     "KINDS",
     "MM_FORMATS",
@@ -60,6 +62,7 @@ __all__ = [
     "index_tokens",
     "node_cache",
     "out_of_vocab",
+    "read_fields",
     "write_mds",
     "write_megatron",
     "write_tokens",
