@@ -172,7 +172,7 @@ class FetchChat(ProcessLocal):
                 return ChatDoc(got[0], d, it, None, got[1], how)
         if self.on_error[d] == "raise":
             raise _error(rec, self.datasets[d].name)
-        return ChatDoc(empty, d, it, f"{rec.locator}: {rec.reason}")
+        return ChatDoc(empty, d, it, f"{rec.reason} ({rec.locator})")
 
     def __repr__(self) -> str:
         names = [self.datasets[d].name for d in sorted(self.renderers)]

@@ -241,7 +241,7 @@ class FetchTokenize(ProcessLocal):
             if isinstance(doc, BadRecord):
                 if self.on_error[it.dataset] == "raise":
                     raise doc.to_error(skip_hint(self.datasets[it.dataset].name))
-                out.append(TokDoc(empty, it.dataset, it, f"{doc.locator}: {doc.reason}"))
+                out.append(TokDoc(empty, it.dataset, it, f"{doc.reason} ({doc.locator})"))
                 continue
             toks, offset = doc, 0
             if it.parts > 1:  # one planned slice of a long document
@@ -374,7 +374,7 @@ class FetchTokenize(ProcessLocal):
         """A bad record under the dataset's policy: raised, or a counted skip."""
         if self.on_error[it.dataset] == "raise":
             raise rec.to_error(skip_hint(self.datasets[it.dataset].name))
-        return TokDoc(np.zeros(0, dtype=np.int32), it.dataset, it, f"{rec.locator}: {rec.reason}")
+        return TokDoc(np.zeros(0, dtype=np.int32), it.dataset, it, f"{rec.reason} ({rec.locator})")
 
     def _stored(self, it: WorkItem, ids: np.ndarray) -> Any:
         """A pretokenized document's ids as int32 (copied out of the memory map), or a
