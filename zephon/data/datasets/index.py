@@ -132,6 +132,7 @@ class DatasetIndex(ShardFiles):
         cached: list[bool],
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         table: str | None = None,
+        fingerprint_of: bool = True,
     ) -> None:
         self.name = name
         # records larger than this read back as BadRecord, without being read (not part of the
@@ -146,7 +147,8 @@ class DatasetIndex(ShardFiles):
         self._cached = cached
         self._table_path = table  # the dataset's metadata table in the cache folder (.table)
         self._set_shards(shards)
-        self.fingerprint = fingerprint(shards, format, text_field, text_mode)
+        # (a placeholder that indexes the shards has none: its records are not counted yet)
+        self.fingerprint = fingerprint(shards, format, text_field, text_mode) if fingerprint_of else ""
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -413,7 +415,18 @@ def index_dataset(
     # a placeholder index (no records yet) does the indexing, then takes the records' counts
     placeholder = [ShardMeta(sp.display, 0, sp.size, sp.version) for sp in specs]
     idx = DatasetIndex(
-        name, fmt, text_field, text_mode, specs, placeholder, cache_dir, {}, [], max_record_bytes, table=table
+        name,
+        fmt,
+        text_field,
+        text_mode,
+        specs,
+        placeholder,
+        cache_dir,
+        {},
+        [],
+        max_record_bytes,
+        table=table,
+        fingerprint_of=False,
     )
     arrays, cached = _prepare_all(idx, progress, group)
     shards = []

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._scan import BOM, LineScanner, line_number
+from ._scan import BOM, SMALL_STREAM, LineScanner, line_number, scan_small
 from .errors import BadRecord
 from .shardio import ShardFiles
 
@@ -115,8 +115,16 @@ class LineReader(Reader):
 
     def build(self, s: int) -> dict[str, np.ndarray]:
         """Scan the (decompressed) stream for the non-blank lines."""
+        chunks = self.ix._stream(s, "indexing")
+        head = next(chunks, b"")
+        more = next(chunks, None)
+        if more is None and len(head) <= SMALL_STREAM:  # a short shard: whole, in one chunk
+            return scan_small(head)
         sc = LineScanner()
-        for chunk in self.ix._stream(s, "indexing"):
+        sc.feed(head)
+        if more is not None:
+            sc.feed(more)
+        for chunk in chunks:
             sc.feed(chunk)
         return sc.finish()
 
