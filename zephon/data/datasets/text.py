@@ -115,16 +115,11 @@ class LineReader(Reader):
 
     def build(self, s: int) -> dict[str, np.ndarray]:
         """Scan the (decompressed) stream for the non-blank lines."""
-        chunks = self.ix._stream(s, "indexing")
-        head = next(chunks, b"")
-        more = next(chunks, None)
-        if more is None and len(head) <= SMALL_STREAM:  # a short shard: whole, in one chunk
-            return scan_small(head)
+        sp = self.ix._specs[s]
+        if sp.compression is None and 0 <= sp.size <= SMALL_STREAM:  # a short shard: whole
+            return scan_small(b"".join(self.ix._stream(s, "indexing")))
         sc = LineScanner()
-        sc.feed(head)
-        if more is not None:
-            sc.feed(more)
-        for chunk in chunks:
+        for chunk in self.ix._stream(s, "indexing"):
             sc.feed(chunk)
         return sc.finish()
 
