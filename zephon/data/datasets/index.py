@@ -331,12 +331,11 @@ def _prepare_all(
         if a is not None:
             have[s] = a
     missing = [s for s in range(n) if s not in have]
-    have.update(
-        index_missing(
-            idx._build_arrays, have, missing, _ARRAY_KEYS, exchange=exchange, progress=progress, desc=idx.name
-        )
+    built = index_missing(
+        idx._build_arrays, have, missing, _ARRAY_KEYS, exchange=exchange, progress=progress, desc=idx.name
     )
-    arrays = [{k: v.astype(_dtype(k), copy=False) for k, v in have[s].items()} for s in range(n)]
+    have.update((s, {k: v.astype(_dtype(k), copy=False) for k, v in a.items()}) for s, a in built.items())
+    arrays = [have[s] for s in range(n)]
     stale = table is None or bool(missing) or table.urls != {sp.url for sp in idx._specs}
     if exchange is None or exchange.world <= 1:
         return arrays, (idx._store_table(arrays) if stale else True)
