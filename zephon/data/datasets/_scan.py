@@ -264,8 +264,8 @@ def scan_small(data: bytes) -> dict[str, np.ndarray]:
     stream: a loop over its lines. (Why: the vectorised scan costs about 0.3 ms a stream in
     numpy calls whatever its size; at 100,000 shards of a few lines that is half a minute.)
 
-    >>> a = scan_small(BOM + b"ab\n\n  \nx\r\n"); a["offsets"].tolist(), a["lengths"].tolist(), a["gap_rec"].tolist()
-    ([3, 9], [2, 1], [1])
+    >>> a = scan_small(BOM + b"ab\\n\\n  \\nx\\r\\n"); a["offsets"].tolist(), a["lengths"].tolist(), a["gap_rec"].tolist()
+    ([3, 10], [2, 1], [1])
     """
     offs: list[int] = []
     lens: list[int] = []

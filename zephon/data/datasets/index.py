@@ -35,7 +35,7 @@ from .resolve import (
     stat_spec,
 )
 from .shardio import ShardFiles
-from .spread import Exchange, TorchExchange, index_missing
+from .spread import Exchange, as_exchange, index_missing
 from .table import ShardTable, table_path, write_table
 from .text import LineReader, Reader, TextFileReader
 from .tokens import TOKEN_FORMATS, index_tokens
@@ -354,6 +354,27 @@ def _prepare_all(
     return arrays, stored
 
 
+def _placeholder(
+    name: str,
+    path: Any,
+    fmt: str,
+    text_field: str,
+    text_mode: str,
+    specs: list[ShardSpec],
+    cache_dir: str | None,
+    limit: int,
+) -> DatasetIndex:
+    """The index that indexes the shards (no records counted yet), with its table's path."""
+    table = None
+    if cache_dir is not None:
+        entries = [os.fspath(p) for p in ([path] if isinstance(path, (str, os.PathLike)) else path)]
+        table = table_path(cache_dir, entries, [fmt, text_field, text_mode], _ARRAY_KEYS)
+    shards = [ShardMeta(sp.display, 0, sp.size, sp.version) for sp in specs]
+    return DatasetIndex(
+        name, fmt, text_field, text_mode, specs, shards, cache_dir, {}, [], limit, table=table, fingerprint_of=False
+    )
+
+
 def index_dataset(
     name: str,
     path: str | list[str],
@@ -405,29 +426,9 @@ def index_dataset(
     specs = shard_specs(name, files, comps, same_file)
     cache_dir = open_cache_dir(cache_dir)
 
-    if group is not None and not hasattr(group, "all_gather"):
-        group = TorchExchange(None if group == "world" else group)
-    table = None
-    if cache_dir is not None:
-        entries = [os.fspath(p) for p in ([path] if isinstance(path, (str, os.PathLike)) else path)]
-        table = table_path(cache_dir, entries, [fmt, text_field, text_mode], _ARRAY_KEYS)
     # a placeholder index (no records yet) does the indexing, then takes the records' counts
-    placeholder = [ShardMeta(sp.display, 0, sp.size, sp.version) for sp in specs]
-    idx = DatasetIndex(
-        name,
-        fmt,
-        text_field,
-        text_mode,
-        specs,
-        placeholder,
-        cache_dir,
-        {},
-        [],
-        max_record_bytes,
-        table=table,
-        fingerprint_of=False,
-    )
-    arrays, cached = _prepare_all(idx, progress, group)
+    idx = _placeholder(name, path, fmt, text_field, text_mode, specs, cache_dir, max_record_bytes)
+    arrays, cached = _prepare_all(idx, progress, as_exchange(group))
     shards = []
     for s, (sp, a) in enumerate(zip(specs, arrays)):
         for v in a.values():

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from .errors import DataError
 
-__all__ = ["Exchange", "TorchExchange", "build_many", "index_missing"]
+__all__ = ["Exchange", "TorchExchange", "as_exchange", "build_many", "index_missing"]
 
 Arrays = dict[str, np.ndarray]
 
@@ -33,7 +33,9 @@ class Exchange(Protocol):
     rank: int
     world: int
 
-    def all_gather(self, obj: Any) -> list[Any]: ...
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (a collective: every rank calls it)."""
+        ...
 
 
 class TorchExchange:
@@ -52,12 +54,22 @@ class TorchExchange:
         self.world = dist.get_world_size(group)
 
     def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, through ``all_gather_object`` (pickled: the
+        ranks of one job trust each other; nothing of it is stored)."""
         out: list[Any] = [None] * self.world
         dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def __repr__(self) -> str:
         return f"TorchExchange(rank={self.rank}, world={self.world})"
+
+
+def as_exchange(group: Any) -> Exchange | None:
+    """What ``index_dataset(group=...)`` accepts as an :class:`Exchange`: None (index alone), an
+    Exchange, ``"world"`` (the default ``torch.distributed`` group) or a process group."""
+    if group is None or hasattr(group, "all_gather"):
+        return group
+    return TorchExchange(None if group == "world" else group)
 
 
 def build_many(
