@@ -502,11 +502,12 @@ def test_cache_hit_and_stale_cache_rebuilt(tmp_path, cache, monkeypatch):
     p = write(tmp_path / "a.jsonl", jsonl_bytes(["old one", "old two"]))
     idx = index_dataset("x", p, cache_dir=cache)
     files = os.listdir(cache)
-    assert len(files) == 1 and files[0].endswith(".npz")  # one file per shard, no temp files left
+    assert len(files) == 1 and files[0].endswith(".npz")  # one table per dataset, no temp files left
     with np.load(os.path.join(cache, files[0]), allow_pickle=False) as z:
         header = json.loads(bytes(z["header"]).decode())
-        assert header["num_records"] == 2 and header["size"] == os.path.getsize(p)
-        assert z["offsets"].tolist() == idx._arrays[0]["offsets"].tolist()
+        ((url, size, _version, n),) = header["shards"]
+        assert n == 2 and size == os.path.getsize(p) and url.endswith(p)
+        assert z["a_offsets"].tolist() == idx._arrays[0]["offsets"].tolist()
 
     # unchanged file: metadata comes from the cache, nothing is rebuilt
     def boom(self, s):

@@ -192,7 +192,7 @@ def test_a_signal_during_the_first_fill_of_a_large_window_ends_within_seconds(lo
     # a window of 2 x 150,000 rows of 64 tokens: its first fill takes minutes
     path.write_text(recipe_text([str(local_corpus / "*.jsonl")], str(cache), 150_000))
     run = Run(str(path), *workers, env={"ZEPHON_STOP_GRACE_S": "60", "ZEPHON_MEMORY_GB": "64"})
-    run.wait_for(lambda: len(glob.glob(str(cache / "*.npz"))) >= 8, "the index")
+    run.wait_for(lambda: len(glob.glob(str(cache / "*.npz"))) >= 1, "the index")  # one table per dataset
     time.sleep(3.0)  # the fill is under way
     rc, took, err = run.finish(run.signal("sigterm"))
     assert rc == 143 and "Traceback" not in err, err

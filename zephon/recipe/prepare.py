@@ -299,23 +299,26 @@ def index_kwargs(ds: DatasetSpec) -> dict[str, Any]:
     return kw
 
 
-def _index(spec: RecipeSpec, s: DatasetSpec, progress: bool | None) -> ShardIndex:
+def _index(spec: RecipeSpec, s: DatasetSpec, progress: bool | None, group: Any = None) -> ShardIndex:
     if s.kind in ("text", CHAT_KIND):
-        return index_dataset(s.name, s.path, cache_dir=spec.cache_dir, progress=progress, **index_kwargs(s))
+        kw = index_kwargs(s) if group is None else {**index_kwargs(s), "group": group}
+        return index_dataset(s.name, s.path, cache_dir=spec.cache_dir, progress=progress, **kw)
     # which tar members are images: the four classic extensions under data version 1 (a skip
     # recipe keeps skipping the samples it skipped), every one Pillow opens from version 2
     tar_images = "classic" if spec.data_version < 2 else "pillow"
     return index_multimodal(s.name, s.path, cache_dir=spec.cache_dir, tar_images=tar_images, **index_kwargs(s))
 
 
-def prepare(spec: RecipeSpec, progress: bool | None = None) -> Prepared:
-    """Load the tokenizer, index the datasets, estimate tokens and plan the work (I/O)."""
+def prepare(spec: RecipeSpec, progress: bool | None = None, group: Any = None) -> Prepared:
+    """Load the tokenizer, index the datasets, estimate tokens and plan the work (I/O).
+    ``group`` (a ``torch.distributed`` process group, or ``"world"``): the ranks index the text
+    datasets together, each a slice of the shards (every rank of the group must call it)."""
     t = spec.tokenizer
     try:
         tok = TextTokenizer(t.path, t.add_bos, t.add_eos, t.bos_token, t.eos_token, t.special_tokens_in_text)
     except (OSError, ValueError) as e:
         raise RecipeError(f"recipe: [tokenizer]: {e}") from None
-    indexes = tuple(_index(spec, s, progress) for s in spec.datasets)
+    indexes = tuple(_index(spec, s, progress, group) for s in spec.datasets)
     special = special_ids(spec, tok) if spec.multimodal else {}
     for s, ix in zip(spec.datasets, indexes):
         if ix.num_records == 0:

@@ -214,11 +214,14 @@ class Recipe:
         return self._parent
 
     # -- preparation (I/O: indexing, tokenizer, estimation) ---------------------------------
-    def prepare(self, progress: bool | None = None) -> Prepared:
-        """Index the datasets, load the tokenizer and estimate tokens (once per Recipe object)."""
+    def prepare(self, progress: bool | None = None, group: Any = None) -> Prepared:
+        """Index the datasets, load the tokenizer and estimate tokens (once per Recipe object).
+        ``group`` (a ``torch.distributed`` process group, or ``"world"``: the default one): the
+        ranks index the datasets together, each a slice of the shards; every rank of the group
+        must call it, first (later calls, and the properties that prepare, reuse the result)."""
         with self._lock:
             if self._prepared is None:
-                p = with_filters(prepare(self.spec, progress), self.filters)
+                p = with_filters(prepare(self.spec, progress, group), self.filters)
                 if self.fork is not None:  # the parent's fingerprint and the step define the fork
                     tail = f"{p.fingerprint}\0{self.parent.fingerprint}\0{self.fork.step}"
                     p = dataclasses.replace(p, fingerprint=hashlib.sha256(tail.encode()).hexdigest()[:32])

@@ -255,6 +255,55 @@ class LineScanner:
             self._blanks = int(cumblank[-1])
 
 
+#: streams up to this many bytes are scanned by :func:`scan_small` (one pass of Python)
+SMALL_STREAM = 16 << 10
+
+
+def scan_small(data: bytes) -> dict[str, np.ndarray]:
+    """What :class:`LineScanner` finds in ``data`` fed whole, the same arrays, for a short
+    stream: a loop over its lines. (Why: the vectorised scan costs about 0.3 ms a stream in
+    numpy calls whatever its size; at 100,000 shards of a few lines that is half a minute.)
+
+    >>> a = scan_small(BOM + b"ab\\n\\n  \\nx\\r\\n"); a["offsets"].tolist(), a["lengths"].tolist(), a["gap_rec"].tolist()
+    ([3, 10], [2, 1], [1])
+    """
+    offs: list[int] = []
+    lens: list[int] = []
+    crcs: list[int] = []
+    gap_rec: list[int] = []
+    gap_cum: list[int] = []
+    pos = blanks = last = 0
+    n = len(data)
+    while pos < n:
+        nl = data.find(b"\n", pos)
+        end = n if nl < 0 else nl
+        start = min(3, end) if pos == 0 and data.startswith(BOM) else pos
+        if end > start and data[end - 1] == 13:
+            end -= 1
+        seg = data[start:end]
+        if seg and not seg.isspace():
+            if blanks != last:
+                gap_rec.append(len(offs))
+                gap_cum.append(blanks)
+                last = blanks
+            offs.append(start)
+            lens.append(end - start)
+            crcs.append(zlib.crc32(seg))
+        else:
+            blanks += 1
+        if nl < 0:
+            break
+        pos = nl + 1
+    i64 = np.int64
+    return {
+        "offsets": np.array(offs, i64),
+        "lengths": np.array(lens, i64),
+        "gap_rec": np.array(gap_rec, i64),
+        "gap_cum": np.array(gap_cum, i64),
+        "crcs": np.array(crcs, np.uint32),
+    }
+
+
 def line_number(gap_rec: np.ndarray, gap_cum: np.ndarray, rec: int) -> int:
     """1-based physical line number of record ``rec`` (see ``LineScanner``)."""
     k = int(np.searchsorted(gap_rec, rec, side="right")) - 1

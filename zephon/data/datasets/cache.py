@@ -1,7 +1,8 @@
-"""What both index kinds share: the per-shard metadata cache on disk (one ``.npz`` per shard,
-written atomically), the in-memory caches of shard contents (decompressed shards, row groups,
-memory maps; small LRUs), and the index as a pickled handle (process workers get an index with
-every task: it travels without the metadata that is on disk, which reloads lazily).
+"""What both index kinds share: the metadata cache on disk (atomic ``.npz`` writes: one per
+shard for image-text indexes, one table per dataset for text ones, :mod:`.table`), the
+in-memory caches of shard contents (decompressed shards, row groups, memory maps; small LRUs),
+and the index as a pickled handle (process workers get an index with every task: it travels
+without the metadata that is on disk, which reloads lazily).
 """
 
 from __future__ import annotations

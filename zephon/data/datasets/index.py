@@ -10,19 +10,16 @@ This layer does no shuffling or planning. It answers: how many records, how big 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import sys
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 import numpy as np
 
 from ._scan import LRU
 from .arrow import ArrowReader
-from .cache import fingerprint, write_npz
+from .cache import fingerprint
 from .errors import BadRecord, DataError
 from .jsonl import JsonJsonlReader, JsonlReader
 from .parquet import ParquetReader
@@ -38,6 +35,8 @@ from .resolve import (
     stat_spec,
 )
 from .shardio import ShardFiles
+from .spread import Exchange, as_exchange, index_missing
+from .table import ShardTable, table_path, write_table
 from .text import LineReader, Reader, TextFileReader
 from .tokens import TOKEN_FORMATS, index_tokens
 
@@ -105,11 +104,6 @@ def content_version(arrays: dict[str, np.ndarray]) -> str:
     return "content:" + h.hexdigest()[:32]
 
 
-def _cache_key(url: str, fmt: str, text_field: str, text_mode: str) -> str:
-    blob = json.dumps([url, fmt, text_field, text_mode], separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
 class DatasetIndex(ShardFiles):
     """Metadata of one dataset's shards plus thread-safe random-access reads.
 
@@ -137,6 +131,8 @@ class DatasetIndex(ShardFiles):
         arrays: dict[int, dict[str, np.ndarray]],
         cached: list[bool],
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        table: str | None = None,
+        fingerprint_of: bool = True,
     ) -> None:
         self.name = name
         # records larger than this read back as BadRecord, without being read (not part of the
@@ -149,17 +145,20 @@ class DatasetIndex(ShardFiles):
         self._specs = specs
         self._arrays = arrays
         self._cached = cached
+        self._table_path = table  # the dataset's metadata table in the cache folder (.table)
         self._set_shards(shards)
-        self.fingerprint = fingerprint(shards, format, text_field, text_mode)
+        # (a placeholder that indexes the shards has none: its records are not counted yet)
+        self.fingerprint = fingerprint(shards, format, text_field, text_mode) if fingerprint_of else ""
         self._init_runtime()
 
     def _init_runtime(self) -> None:
         super()._init_runtime()
         self._reader = _READERS[self.format, self.text_mode](self)
+        self._table: ShardTable | None = None  # loaded on first need
 
     def __getstate__(self) -> dict:
         st = super().__getstate__()
-        del st["_reader"]
+        del st["_reader"], st["_table"]
         return st
 
     @property
@@ -231,53 +230,30 @@ class DatasetIndex(ShardFiles):
         arrays.update(self._retrying(s, "indexing", lambda: self._reader.build(s)))
         return {k: v.astype(_dtype(k), copy=False) for k, v in arrays.items()}
 
-    # -- metadata cache -------------------------------------------------------------------------
+    # -- metadata cache: one table per dataset (see .table) --------------------------------------
     def _cache_path(self, s: int) -> str | None:
-        if not self.cache_dir:
-            return None
-        key = _cache_key(self._specs[s].url, self.format, self.text_field, self.text_mode)
-        return os.path.join(self.cache_dir, key + ".npz")
+        return self._table_path
 
-    def _header(self, s: int, size: int, version: str, n: int | None) -> dict[str, Any]:
-        return {
-            "cache_format": CACHE_FORMAT_VERSION,
-            "url": self._specs[s].url,
-            "format": self.format,
-            "text_field": self.text_field,
-            "text_mode": self.text_mode,
-            "size": size,
-            "version": version,
-            "num_records": n,
-        }
+    def _settings(self) -> list[str]:
+        return [str(CACHE_FORMAT_VERSION), self.format, self.text_field, self.text_mode]
 
-    def _load_cache(self, s: int, size: int, version: str, n: int | None) -> dict[str, np.ndarray] | None:
-        path = self._cache_path(s)
-        if path is None:
-            return None
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                header = json.loads(bytes(z["header"]).decode("utf-8"))
-                want = self._header(s, size, version, header.get("num_records") if n is None else n)
-                if header != want:
-                    return None  # stale or foreign: never use it
-                arrays = {k: z[k].astype(_dtype(k), copy=False) for k in _ARRAY_KEYS}
-            if len(arrays["lengths"]) != header["num_records"]:
-                return None
-            return arrays
-        except FileNotFoundError:
-            return None
-        except Exception:  # corrupt/partial/foreign cache file: rebuild it
-            return None
+    def _load_table(self) -> ShardTable | None:
+        """The dataset's table in the cache folder (read once per index copy), or None."""
+        if self._table is None and self._table_path is not None:
+            with self._lock:
+                if self._table is None:
+                    dtypes = {k: _dtype(k) for k in _ARRAY_KEYS}
+                    self._table = ShardTable.load(self._table_path, self._settings(), dtypes)
+        return self._table
 
-    def _store(self, s: int, arrays: dict[str, np.ndarray]) -> bool:
-        path = self._cache_path(s)
-        if path is None or self.cache_dir is None:
+    def _store_table(self, arrays: Sequence[dict[str, np.ndarray]]) -> bool:
+        """Write every shard's arrays to the table; whether they are now on disk."""
+        if self._table_path is None or self.cache_dir is None:
             return False
-        sp = self._specs[s]
-        header = self._header(s, sp.size, sp.version, int(len(arrays["lengths"])))
-        hb = np.frombuffer(json.dumps(header, sort_keys=True).encode("utf-8"), dtype=np.uint8)
+        rows = [(sp.url, sp.size, sp.version) for sp in self._specs]
         try:
-            write_npz(self.cache_dir, path, {"header": hb, **arrays}, prefix=os.path.basename(path) + ".")
+            dtypes = {k: _dtype(k) for k in _ARRAY_KEYS}
+            write_table(self.cache_dir, self._table_path, self._settings(), rows, arrays, dtypes)
             return True
         except OSError as e:
             warnings.warn(
@@ -287,15 +263,20 @@ class DatasetIndex(ShardFiles):
             )
             return False
 
+    def _store(self, s: int, arrays: dict[str, np.ndarray]) -> bool:
+        return False  # shards are stored together, by _store_table
+
     def _load_cached(self, s: int) -> dict[str, np.ndarray] | None:
         sp = self._specs[s]
-        if not sp.version:
+        table = self._load_table()
+        if not sp.version or table is None:
             return None  # the storage reports no version: a cache entry cannot be told stale
-        return self._load_cache(s, sp.size, sp.version, None)
+        return table.get(sp.url, sp.size, sp.version)
 
     def _reload(self, s: int) -> dict[str, np.ndarray]:
         m, sp = self.shards[s], self._specs[s]
-        a = self._load_cache(s, m.size_bytes, sp.version, m.num_records)
+        table = self._load_table()
+        a = None if table is None else table.get(sp.url, m.size_bytes, sp.version, m.num_records)
         if a is None or (m.version.startswith("content:") and content_version(a) != m.version):
             # cache gone (cleaned?) or rebuilt for a newer file: rebuild only if the file is
             # still the one we indexed
@@ -306,7 +287,6 @@ class DatasetIndex(ShardFiles):
                 m.version.startswith("content:") and content_version(a) != m.version
             ):
                 raise self._changed_error(s)
-            self._cached[s] = self._store(s, a)
         for v in a.values():
             v.flags.writeable = False
         return a
@@ -337,46 +317,62 @@ def _check_settings(name: str, format: str, text_field: str, text_mode: str) -> 
         )
 
 
-def _prepare_all(idx: DatasetIndex, progress: bool | None) -> list[tuple[dict[str, np.ndarray], bool]]:
-    """Every shard's ``(arrays, cached)``, indexed (or loaded) by up to 8 threads, in shard
-    order; the first failing shard's error is raised (the others are cancelled)."""
+def _prepare_all(
+    idx: DatasetIndex, progress: bool | None, exchange: Exchange | None
+) -> tuple[list[dict[str, np.ndarray]], bool]:
+    """Every shard's arrays, in shard order, from the dataset's table where fresh, the others
+    indexed (by threads; over the ranks with ``exchange``); the table is rewritten when any
+    shard was indexed, or it holds other shards. And whether all are in the table on disk."""
     n = len(idx._specs)
-    if progress is None:
-        progress = n > 4 and sys.stderr.isatty()
-    bar = None
-    if progress:
-        from tqdm.std import tqdm
+    table = idx._load_table()
+    have: dict[int, dict[str, np.ndarray]] = {}
+    for s in range(n):
+        a = idx._load_cached(s)
+        if a is not None:
+            have[s] = a
+    missing = [s for s in range(n) if s not in have]
+    built = index_missing(
+        idx._build_arrays, have, missing, _ARRAY_KEYS, exchange=exchange, progress=progress, desc=idx.name
+    )
+    have.update((s, {k: v.astype(_dtype(k), copy=False) for k, v in a.items()}) for s, a in built.items())
+    arrays = [have[s] for s in range(n)]
+    stale = table is None or bool(missing) or table.urls != {sp.url for sp in idx._specs}
+    if exchange is None or exchange.world <= 1:
+        return arrays, (idx._store_table(arrays) if stale else True)
+    # every rank takes the same turns (each all_gather is a collective): rank 0 writes first, so
+    # a cache folder the ranks share is written once; a rank whose folder still lacks the table
+    # after it (a node-local folder) writes its own
+    if not any(exchange.all_gather(stale)):
+        return arrays, True
+    stored = idx._store_table(arrays) if exchange.rank == 0 and stale else not stale
+    exchange.all_gather(None)
+    if exchange.rank != 0 and stale:
+        idx._table = None
+        fresh = idx._load_table()
+        stored = fresh is not None and all(fresh.get(sp.url, sp.size, sp.version) is not None for sp in idx._specs)
+        stored = stored or idx._store_table(arrays)
+    return arrays, stored
 
-        bar = tqdm(total=n, desc=f"indexing {idx.name}", unit="shard")
-    results: dict[int, tuple[dict[str, np.ndarray], bool]] = {}
-    errors: dict[int, BaseException] = {}
-    workers = max(1, min(8, os.cpu_count() or 1, n))
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-index")
-    try:
-        futs = {pool.submit(idx._prepare, s): s for s in range(n)}
-        for fut in as_completed(futs):
-            s = futs[fut]
-            try:
-                results[s] = fut.result()
-            except BaseException as e:
-                errors[s] = e
-                for f in futs:
-                    f.cancel()
-            if bar is not None:
-                bar.update(1)
-    except BaseException:
-        # interrupted (Ctrl-C, SIGTERM): the queued shards are dropped, not indexed first; the
-        # few being indexed end by themselves (their cache writes are atomic)
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    else:
-        pool.shutdown(wait=True)
-    finally:
-        if bar is not None:
-            bar.close()
-    if errors:
-        raise errors[min(errors)]
-    return [results[s] for s in range(n)]
+
+def _placeholder(
+    name: str,
+    path: Any,
+    fmt: str,
+    text_field: str,
+    text_mode: str,
+    specs: list[ShardSpec],
+    cache_dir: str | None,
+    limit: int,
+) -> DatasetIndex:
+    """The index that indexes the shards (no records counted yet), with its table's path."""
+    table = None
+    if cache_dir is not None:
+        entries = [os.fspath(p) for p in ([path] if isinstance(path, (str, os.PathLike)) else path)]
+        table = table_path(cache_dir, entries, [fmt, text_field, text_mode], _ARRAY_KEYS)
+    shards = [ShardMeta(sp.display, 0, sp.size, sp.version) for sp in specs]
+    return DatasetIndex(
+        name, fmt, text_field, text_mode, specs, shards, cache_dir, {}, [], limit, table=table, fingerprint_of=False
+    )
 
 
 def index_dataset(
@@ -390,6 +386,7 @@ def index_dataset(
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     same_file: str = "each",
     empty: str = "bad",
+    group: Any = None,
 ) -> DatasetIndex:
     """Find the shards of dataset ``name`` and build (or load cached) per-shard metadata.
 
@@ -401,7 +398,7 @@ def index_dataset(
     ``text_field`` then names an MDS token column).
     Compression (.gz, .zst, .zstd) of jsonl/text files follows the extension.
     ``text_mode`` (format "text"): "line" = one document per non-blank line, "file" = one per file.
-    ``cache_dir``: where per-shard metadata is cached (default ``$ZEPHON_CACHE_DIR`` or
+    ``cache_dir``: where the metadata table is cached (default ``$ZEPHON_CACHE_DIR`` or
     ``~/.cache/zephon/index``).
     ``max_record_bytes``: the per-record size limit; a larger record reads back as a
     :class:`BadRecord` naming its file and line, without its bytes being read.
@@ -409,6 +406,10 @@ def index_dataset(
     first path in sorted order; "each" reads every path.
     ``empty``: an empty or whitespace-only text is a "document" (data: its BOS/EOS) or a "bad"
     record (an empty file has no record either way).
+    ``group``: spread the indexing over the ranks of a job: a ``torch.distributed`` process
+    group, ``"world"`` (the default group) or an :class:`~zephon.data.datasets.spread.Exchange`;
+    each rank indexes a slice of the shards the cache lacks and the slices are exchanged (the
+    index is the one a single process builds). Every rank of the group must call it (a collective).
     """
     if format in TOKEN_FORMATS:  # pretokenized: token files, memory-mapped (see .tokens)
         column = None if text_field == "text" else text_field  # MDS: the token column
@@ -425,19 +426,18 @@ def index_dataset(
     specs = shard_specs(name, files, comps, same_file)
     cache_dir = open_cache_dir(cache_dir)
 
-    # a placeholder index (no records yet) does the indexing, one shard per thread
-    placeholder = [ShardMeta(sp.display, 0, sp.size, sp.version) for sp in specs]
-    idx = DatasetIndex(name, fmt, text_field, text_mode, specs, placeholder, cache_dir, {}, [False] * len(specs))
+    # a placeholder index (no records yet) does the indexing, then takes the records' counts
+    idx = _placeholder(name, path, fmt, text_field, text_mode, specs, cache_dir, max_record_bytes)
+    arrays, cached = _prepare_all(idx, progress, as_exchange(group))
     shards = []
-    for s, (sp, (arrays, cached)) in enumerate(zip(specs, _prepare_all(idx, progress))):
-        for v in arrays.values():
+    for s, (sp, a) in enumerate(zip(specs, arrays)):
+        for v in a.values():
             v.flags.writeable = False
-        idx._arrays[s] = arrays
-        idx._cached[s] = cached
-        version = sp.version or content_version(arrays)  # no version from the storage: the content's
-        shards.append(ShardMeta(sp.display, int(len(arrays["lengths"])), sp.size, version))
-    out = DatasetIndex(
-        name, fmt, text_field, text_mode, specs, shards, cache_dir, idx._arrays, idx._cached, max_record_bytes
-    )
-    out.empty_ok = empty == "document"
-    return out
+        idx._arrays[s] = a
+        version = sp.version or content_version(a)  # no version from the storage: the content's
+        shards.append(ShardMeta(sp.display, int(len(a["lengths"])), sp.size, version))
+    idx._cached = [cached] * len(specs)
+    idx._set_shards(shards)
+    idx.fingerprint = fingerprint(shards, fmt, text_field, text_mode)
+    idx.empty_ok = empty == "document"
+    return idx

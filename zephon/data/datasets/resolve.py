@@ -325,12 +325,30 @@ def _read_once(specs: list[ShardSpec]) -> list[ShardSpec]:
     path in sorted order."""
     seen: set[str] = set()
     out = []
+    dirs: dict[str, str] = {}
     for sp in specs:
-        real = os.path.realpath(sp.fspath) if sp.local else sp.url
+        real = _realpath(sp.fspath, dirs) if sp.local else sp.url
         if real not in seen:
             seen.add(real)
             out.append(sp)
     return out
+
+
+def _realpath(path: str, dirs: dict[str, str]) -> str:
+    """``os.path.realpath(path)``, with the real path of each folder found once (in ``dirs``):
+    a file that is not a symlink is its folder's real path joined with its name. (Why: realpath
+    stats every component of every path, 0.1-0.2 ms a shard, 10-20 s at 100,000 shards.)
+
+    >>> _realpath("/usr/../usr/bin", {}) == os.path.realpath("/usr/bin")
+    True
+    """
+    folder, base = os.path.split(path)
+    if base in ("", ".", "..") or os.path.islink(path):
+        return os.path.realpath(path)
+    real = dirs.get(folder)
+    if real is None:
+        real = dirs[folder] = os.path.realpath(folder)
+    return os.path.join(real, base)
 
 
 def _expand_dir(name, fs, p, fmt, disp):

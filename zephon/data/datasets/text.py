@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._scan import BOM, LineScanner, line_number
+from ._scan import BOM, SMALL_STREAM, LineScanner, line_number, scan_small
 from .errors import BadRecord
 from .shardio import ShardFiles
 
@@ -115,6 +115,9 @@ class LineReader(Reader):
 
     def build(self, s: int) -> dict[str, np.ndarray]:
         """Scan the (decompressed) stream for the non-blank lines."""
+        sp = self.ix._specs[s]
+        if sp.compression is None and 0 <= sp.size <= SMALL_STREAM:  # a short shard: whole
+            return scan_small(b"".join(self.ix._stream(s, "indexing")))
         sc = LineScanner()
         for chunk in self.ix._stream(s, "indexing"):
             sc.feed(chunk)
