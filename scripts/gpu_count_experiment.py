@@ -139,7 +139,7 @@ class Runner:
         self.work, self.data, self.args = work, data, args
         self.launches: list[dict] = []
 
-    def env(self, out: str, W: int, seed_ckpt: str | None) -> dict:
+    def env(self, out: str, W: int, seed_ckpt: str | None, extra: dict | None = None) -> dict:
         env = dict(os.environ)
         threads = max(1, (os.cpu_count() or 1) // W) if self.args.threads == 0 else self.args.threads
         env.update(
@@ -162,9 +162,13 @@ class Runner:
             env["EXP_LAYERS"] = str(self.args.layers)
         if seed_ckpt:
             env["EXP_SEED_CKPT"] = seed_ckpt
+        env.update(extra or {})
         return env
 
-    def torchrun(self, name: str, W: int, config: str, steps: int, seed_ckpt: str | None, extra=()) -> str:
+    def torchrun(
+        self, name: str, W: int, config: str, steps: int, seed_ckpt: str | None, extra=(), env: dict | None = None
+    ) -> str:
+        """One ``torchrun`` launch; ``env`` adds to (or overrides) the experiment's environment."""
         out = os.path.join(self.work, "out", name)
         dump = os.path.join(self.work, "runs", name)
         for d in (out, dump):
@@ -187,7 +191,7 @@ class Runner:
         print(f"[{name}] {shown.replace(self.work + os.sep, '')}", flush=True)
         load0, t0 = os.getloadavg(), time.time()
         p = subprocess.run(
-            cmd, env=self.env(out, W, seed_ckpt), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd, env=self.env(out, W, seed_ckpt, env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         dt, load1 = time.time() - t0, os.getloadavg()
         os.makedirs(os.path.join(self.work, "logs"), exist_ok=True)
