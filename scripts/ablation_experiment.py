@@ -293,7 +293,7 @@ def framed(x: float, near: float) -> str:
     """A spread in words: "equal to the last bit" when it is 0 or a few float32 steps of the loss."""
     n = f32_steps(x, near)
     if n <= LAST_BIT_STEPS:
-        return f"equal to the last bit ({n:.0f} float32 steps, {abs(x):.1e})" if n else "equal to the last bit (0)"
+        return f"equal to the last bit ({n:.2g} float32 steps, {abs(x):.1e})" if n else "equal to the last bit (0)"
     return f"{x:.2e}"
 
 
@@ -457,7 +457,8 @@ def plot(res: dict, png: str) -> None:
             f"effect B − A: {effects}\nits spread over W: {framed(v['ablation_effect_spread_over_W'], near)}{seed_txt}",
             fontsize=9,
         )
-        axf.set_xticks([0, 1], ["recipe A\nweb 0.7 / code 0.3", "recipe B\nweb 0.3 / code 0.7"])
+        rec = res["setup"]["recipes"]
+        axf.set_xticks([0, 1], [f"recipe {k}\nweb {rec[k]['web']} / code {rec[k]['code']}" for k in ("A", "B")])
         axf.set_xlim(-0.6, 1.4)
         axf.set_ylabel("final validation loss")
         axf.grid(alpha=0.25)
@@ -516,17 +517,17 @@ def report(res: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=30)
     p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
     p.add_argument("--loaders", nargs="+", default=["zephon", "titan"], choices=["zephon", "titan"])
     p.add_argument("--web-share", type=float, nargs=2, default=[0.7, 0.3], help="web's token share in A and in B")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="data seeds; the first is the main grid's")
     p.add_argument("--titan-recipes", nargs="+", default=["A", "B"], choices=["A", "B"], help="(the test: A only)")
     p.add_argument("--bf16", action="store_true", help="also run zephon's A and B at every W in bf16")
-    p.add_argument("--val-every", type=int, default=20, help="validation at step 1 and every N steps")
-    p.add_argument("--heldout", type=int, default=60, help="held-out documents (half web, half code)")
-    p.add_argument("--docs", type=int, default=1000, help="training documents per dataset")
-    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--val-every", type=int, default=15, help="validation at step 1 and every N steps")
+    p.add_argument("--heldout", type=int, default=40, help="held-out documents (half web, half code)")
+    p.add_argument("--docs", type=int, default=600, help="training documents per dataset")
+    p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--global-batch-size", type=int, default=16)
     p.add_argument("--layers", type=int, default=2, help="keep only the first N transformer layers (0 = all 6)")
     p.add_argument("--lr", type=float, default=3e-3)

@@ -563,7 +563,14 @@ def main() -> None:
                 + f"; global batches equal to W=1: {sl['global_batches_equal_to_W1']}"
             )
     if "spread_ratio_titan_over_zephon" in s:
-        print(f"spread ratio TorchTitan / zephon: {s['spread_ratio_titan_over_zephon']:.0f}x")
+        import numpy as np
+
+        z = s["zephon"]["final_val_spread"]
+        ulp = float(np.spacing(np.float32(max(s["zephon"]["final_val_loss"].values()))))
+        if z <= 4 * ulp:  # a ratio would divide by float resolution
+            print(f"zephon's final losses are equal to the last bit: a spread of {z / ulp:.2g} float32 steps of the loss")
+        else:
+            print(f"spread ratio TorchTitan / zephon: {s['spread_ratio_titan_over_zephon']:.0f}x")
     if "zephon" in s:
         print(
             f"zephon ledger digests equal on every W and to `zephon hashes --digest ledger`: "
