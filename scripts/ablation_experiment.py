@@ -146,14 +146,14 @@ def plan(args: argparse.Namespace) -> list[dict]:
     runs = []
     for W in args.world_sizes:
         for label in ("A", "B"):
-            for loader in args.loaders:
+            for loader in [] if args.bf16_only else args.loaders:
                 if loader == "titan" and label not in args.titan_recipes:
                     continue
                 runs.append(dict(loader=loader, recipe=label, W=W, seed=args.seeds[0], precision="float32"))
-    for seed in args.seeds[1:]:
+    for seed in [] if args.bf16_only else args.seeds[1:]:
         for loader in args.loaders:
             runs.append(dict(loader=loader, recipe="A", W=args.world_sizes[0], seed=seed, precision="float32"))
-    if args.bf16:
+    if args.bf16 or args.bf16_only:
         for W in args.world_sizes:
             for label in ("A", "B"):
                 runs.append(dict(loader="zephon", recipe=label, W=W, seed=args.seeds[0], precision="bfloat16"))
@@ -236,9 +236,9 @@ def run_all(args: argparse.Namespace, json_path: str) -> dict:
     train0 = data["recipes"][("A", args.seeds[0])]  # the seed checkpoint's recipe (its data is never used)
     runner = gce.Runner(work, {"train": train0, "val": data["val"], "train_dir": ""}, gce_args)
     res: dict = {
-        "description": "A mixture-weight ablation (web/code 0.7/0.3 vs 0.3/0.7) trained from scratch on W = 1 and 2 "
-        "(CPU, gloo) with TorchTitan's InterleavedHuggingFaceTextDataLoader and with zephon, plus the data-seed "
-        "noise floor. Regenerate: python scripts/ablation_experiment.py",
+        "description": f"A mixture-weight ablation (web share {args.web_share[0]} vs {args.web_share[1]}, the rest code) "
+        f"trained from scratch on W = {', '.join(map(str, args.world_sizes))} (CPU, gloo) with TorchTitan's "
+        "InterleavedHuggingFaceTextDataLoader and with zephon, plus the data-seed noise floor. Regenerate: python scripts/ablation_experiment.py",
         "setup": configuration(args, data, val_desc),
         "runs": {},
         "complete": False,
@@ -375,7 +375,7 @@ def table(res: dict) -> str:
     head = (
         "| loader | "
         + " | ".join(f"effect B − A, W={W}" for W in Ws)
-        + " | effect's spread over W | GPU-count effect (A; B) | data-seed spread (3 seeds, A, W="
+        + f" | effect's spread over W | GPU-count effect (A; B) | data-seed spread ({len(res['setup']['data_seeds'])} seeds, A, W="
         + Ws[0]
         + ") |"
     )
@@ -524,6 +524,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="data seeds; the first is the main grid's")
     p.add_argument("--titan-recipes", nargs="+", default=["A", "B"], choices=["A", "B"], help="(the test: A only)")
     p.add_argument("--bf16", action="store_true", help="also run zephon's A and B at every W in bf16")
+    p.add_argument("--bf16-only", action="store_true", help="only zephon's bf16 runs (a quick check)")
     p.add_argument("--val-every", type=int, default=15, help="validation at step 1 and every N steps")
     p.add_argument("--heldout", type=int, default=40, help="held-out documents (half web, half code)")
     p.add_argument("--docs", type=int, default=600, help="training documents per dataset")
