@@ -2,9 +2,12 @@
 # The ablation experiment's bigger variant, prepared for the device machine (16 CPU cores, one
 # H200, torch 2.11 installed there, no network). Run from the repository root:
 #
-#     bash scripts/ablation_gpu.sh            # ~9 min; results under $OUT (or build/ablation_gpu)
+#     bash scripts/ablation_gpu.sh    # results under $OUT (or build/ablation_gpu)
 #
-# What it runs: scripts/ablation_experiment.py with W = 1 and 4, 4 transformer layers, 80 steps of
+# Estimated 8-10 min (17 launches of ~30 s; not measured yet: no device was lent when it was
+# written), capped at 570 s by `timeout`.
+#
+# What it runs: scripts/ablation_experiment.py with W = 1 and 4, 4 transformer layers, 60 steps of
 # 16 x 128 tokens, three data seeds and --bf16, 4 OMP threads per rank (16 cores / W=4). The
 # data-parallel ranks run on the CPU cores with gloo, like the committed run: one GPU cannot host
 # W > 1 NCCL ranks (NCCL refuses two ranks on one device), so the H200 would only add a W = 1 run
@@ -53,7 +56,7 @@ fi
 "$PY" -c "import torch, torchtitan; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'cpus', __import__('os').cpu_count())"
 
 timeout 570 "$PY" scripts/ablation_experiment.py \
-  --world-sizes 1 4 --layers 4 --steps 80 --val-every 20 --seq-len 128 --global-batch-size 16 \
+  --world-sizes 1 4 --layers 4 --steps 60 --val-every 20 --seq-len 128 --global-batch-size 16 \
   --seeds 0 1 2 --bf16 --threads 4 --docs 1500 --heldout 80 \
   --workdir "$OUT/work" --json "$OUT/ablation_gpu.json" --png "$OUT/ablation_gpu.png" ${NOPLOT:-} \
   2>&1 | tee "$OUT/ablation_gpu.log" | grep -v '^\[titan\]' || true
