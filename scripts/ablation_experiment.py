@@ -270,6 +270,19 @@ def run_all(args: argparse.Namespace, json_path: str) -> dict:
     return res
 
 
+def merge_bf16_check(res: dict, path: str) -> None:
+    """Keep a separate (shorter) ``--bf16-only`` run's result beside the main one, as ``bf16_check``."""
+    with open(path, encoding="utf-8") as f:
+        check = json.load(f)
+    keys = ("steps", "seq_len", "global_batch_size", "world_sizes", "precision", "validation_set", "train_documents")
+    res["bf16_check"] = {
+        "setup": {k: check["setup"][k] for k in keys},
+        "runs": check["runs"],
+        "launches": check.get("launches", []),
+        "summary": summarize(check),
+    }
+
+
 def write_json(res: dict, path: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     res["summary"] = summarize(res)
@@ -380,15 +393,22 @@ def table(res: dict) -> str:
         + ") |"
     )
     rows = [head, "|---" * (len(Ws) + 4) + "|"]
-    for variant in ("titan", "zephon", "zephon_bf16"):
-        if "ablation_effect_B_minus_A" not in s.get(variant, {}):
+    variants = [(LOADER_NAMES[variant], s.get(variant, {})) for variant in ("titan", "zephon", "zephon_bf16")]
+    check = res.get("bf16_check")
+    if check and "zephon_bf16" not in s:
+        st = check["setup"]
+        name = (
+            f"zephon, bf16 (a separate short run: {st['steps']} steps of {st['global_batch_size']} × {st['seq_len']})"
+        )
+        variants.append((name, check["summary"].get("zephon_bf16", {})))
+    for name, v in variants:
+        if "ablation_effect_B_minus_A" not in v or list(v["ablation_effect_B_minus_A"]) != Ws:
             continue
-        v = s[variant]
         near = max(x for f in v["final_val_loss"].values() for x in f.values())
         gpu = "; ".join(framed(v["gpu_count_effect"][k], near) for k in ("A", "B"))
         seed = f"{v['data_seed_spread']:.2e}" if "data_seed_spread" in v else "—"
         rows.append(
-            f"| {LOADER_NAMES[variant]} | "
+            f"| {name} | "
             + " | ".join(f"{v['ablation_effect_B_minus_A'][W]:+.5f}" for W in Ws)
             + f" | **{framed(v['ablation_effect_spread_over_W'], near)}** | {gpu} | {seed} |"
         )
@@ -512,6 +532,12 @@ def report(res: dict) -> None:
             print(
                 f"    ledger equal on every W and to `zephon hashes`: {v['ledger_equal_on_every_W_and_to_zephon_hashes']}"
             )
+    if "bf16_check" in res:
+        v = res["bf16_check"]["summary"].get("zephon_bf16", {})
+        if "ablation_effect_B_minus_A" in v:
+            near = max(x for f in v["final_val_loss"].values() for x in f.values())
+            eff = ", ".join(f"W={W}: {x:+.6f}" for W, x in v["ablation_effect_B_minus_A"].items())
+            print(f"bf16 check: effect {eff}; over W: {framed(v['ablation_effect_spread_over_W'], near)}")
     print(f"runtime {res.get('runtime_s', 0):.0f} s; complete: {res.get('complete')}")
 
 
@@ -525,6 +551,8 @@ def main() -> None:
     p.add_argument("--titan-recipes", nargs="+", default=["A", "B"], choices=["A", "B"], help="(the test: A only)")
     p.add_argument("--bf16", action="store_true", help="also run zephon's A and B at every W in bf16")
     p.add_argument("--bf16-only", action="store_true", help="only zephon's bf16 runs (a quick check)")
+    p.add_argument("--bf16-check", default=None, help="with --plot-only: add a --bf16-only run's JSON as bf16_check")
+    p.add_argument("--note", default=None, help="with --plot-only: record a note in the JSON (how the run ended)")
     p.add_argument("--val-every", type=int, default=15, help="validation at step 1 and every N steps")
     p.add_argument("--heldout", type=int, default=40, help="held-out documents (half web, half code)")
     p.add_argument("--docs", type=int, default=600, help="training documents per dataset")
@@ -545,6 +573,12 @@ def main() -> None:
     if args.plot_only:
         with open(args.json, encoding="utf-8") as f:
             res = json.load(f)
+        if args.bf16_check or args.note:
+            if args.bf16_check:
+                merge_bf16_check(res, args.bf16_check)
+            if args.note:
+                res["note"] = args.note
+            write_json(res, args.json)
     else:
         for W in args.world_sizes:
             if 8 % W or args.global_batch_size % W:
