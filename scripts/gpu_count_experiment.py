@@ -568,7 +568,9 @@ def main() -> None:
         z = s["zephon"]["final_val_spread"]
         ulp = float(np.spacing(np.float32(max(s["zephon"]["final_val_loss"].values()))))
         if z <= 4 * ulp:  # a ratio would divide by float resolution
-            print(f"zephon's final losses are equal to the last bit: a spread of {z / ulp:.2g} float32 steps of the loss")
+            print(
+                f"zephon's final losses are equal to the last bit: a spread of {z / ulp:.2g} float32 steps of the loss"
+            )
         else:
             print(f"spread ratio TorchTitan / zephon: {s['spread_ratio_titan_over_zephon']:.0f}x")
     if "zephon" in s:
