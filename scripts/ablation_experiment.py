@@ -1,9 +1,16 @@
 #!/usr/bin/env python
 """Is my ablation's effect larger than the noise? One mixture weight changed, trained on 1 and 2 ranks.
 
-    python scripts/ablation_experiment.py              # both loaders, W = 1, 2, three data seeds (~30 min, 2 cores)
-    python scripts/ablation_experiment.py --bf16       # ... and zephon's runs once more in bf16
+    python scripts/ablation_experiment.py              # both loaders, W = 1, 2, three data seeds (~35 min, 2 busy cores)
+    python scripts/ablation_experiment.py --bf16       # ... and zephon's runs once more in bf16 (slow on a CPU)
     python scripts/ablation_experiment.py --plot-only  # redraw the figure (and the README table) from the JSON
+
+The committed bf16 figure comes from a separate short run, merged into the JSON:
+
+    python scripts/ablation_experiment.py --bf16-only --steps 4 --val-every 4 --docs 120 --heldout 10 \\
+        --seeds 0 --seed-checkpoint build/ablation/runs/seed/checkpoint/step-0 \\
+        --workdir build/abl_bf16 --json build/abl_bf16/abl.json --no-plot
+    python scripts/ablation_experiment.py --plot-only --bf16-check build/abl_bf16/abl.json
 
 The user's real question, in miniature. Two recipes differ in one mixture weight: recipe A reads
 the synthetic ``web`` and ``code`` corpora (``zephon.tools.synth``) at token shares 0.7 / 0.3,
@@ -32,7 +39,8 @@ divides by float resolution.
 
 ``--bf16`` also runs zephon's A and B at every W with ``training.mixed_precision_param =
 "bfloat16"`` (TorchTitan 0.3.0 applies FSDP's mixed-precision policy at every W, W = 1 included,
-so W = 1 and W = 2 round the same way; gloo carries the bf16 all-gathers on CPU).
+so W = 1 and W = 2 round the same way; gloo carries the bf16 all-gathers on CPU). It works on
+CPU/gloo, but bf16 matmuls on this CPU took ~25 s a step (fp32: 2-3 s), hence the short run.
 
 Writes ``docs/img/ablation.json`` (every loss, per-step global-batch digests, ledger digests,
 timings, machine load, the configuration), ``docs/img/ablation.png`` and prints the README table
