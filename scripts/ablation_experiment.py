@@ -460,6 +460,16 @@ def plot(res: dict, png: str) -> None:
                     color=colors.get(W),
                     label=f"recipe {label}, W={W}",
                 )
+        if all(v["global_batches_identical_across_W"].values()):
+            ax.text(
+                0.5,
+                0.5,
+                f"W = {', '.join(Ws)} coincide (the same global batches)",
+                transform=ax.transAxes,
+                ha="center",
+                fontsize=9,
+                color="0.3",
+            )
         ax.set_title(titles[variant], fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (one fixed held-out set)")
