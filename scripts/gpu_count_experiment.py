@@ -139,7 +139,7 @@ class Runner:
         self.work, self.data, self.args = work, data, args
         self.launches: list[dict] = []
 
-    def env(self, out: str, W: int, seed_ckpt: str | None) -> dict:
+    def env(self, out: str, W: int, seed_ckpt: str | None, extra: dict | None = None) -> dict:
         env = dict(os.environ)
         threads = max(1, (os.cpu_count() or 1) // W) if self.args.threads == 0 else self.args.threads
         env.update(
@@ -162,9 +162,13 @@ class Runner:
             env["EXP_LAYERS"] = str(self.args.layers)
         if seed_ckpt:
             env["EXP_SEED_CKPT"] = seed_ckpt
+        env.update(extra or {})
         return env
 
-    def torchrun(self, name: str, W: int, config: str, steps: int, seed_ckpt: str | None, extra=()) -> str:
+    def torchrun(
+        self, name: str, W: int, config: str, steps: int, seed_ckpt: str | None, extra=(), env: dict | None = None
+    ) -> str:
+        """One ``torchrun`` launch; ``env`` adds to (or overrides) the experiment's environment."""
         out = os.path.join(self.work, "out", name)
         dump = os.path.join(self.work, "runs", name)
         for d in (out, dump):
@@ -187,7 +191,7 @@ class Runner:
         print(f"[{name}] {shown.replace(self.work + os.sep, '')}", flush=True)
         load0, t0 = os.getloadavg(), time.time()
         p = subprocess.run(
-            cmd, env=self.env(out, W, seed_ckpt), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd, env=self.env(out, W, seed_ckpt, env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         dt, load1 = time.time() - t0, os.getloadavg()
         os.makedirs(os.path.join(self.work, "logs"), exist_ok=True)
@@ -559,7 +563,16 @@ def main() -> None:
                 + f"; global batches equal to W=1: {sl['global_batches_equal_to_W1']}"
             )
     if "spread_ratio_titan_over_zephon" in s:
-        print(f"spread ratio TorchTitan / zephon: {s['spread_ratio_titan_over_zephon']:.0f}x")
+        import numpy as np
+
+        z = s["zephon"]["final_val_spread"]
+        ulp = float(np.spacing(np.float32(max(s["zephon"]["final_val_loss"].values()))))
+        if z <= 4 * ulp:  # a ratio would divide by float resolution
+            print(
+                f"zephon's final losses are equal to the last bit: a spread of {z / ulp:.2g} float32 steps of the loss"
+            )
+        else:
+            print(f"spread ratio TorchTitan / zephon: {s['spread_ratio_titan_over_zephon']:.0f}x")
     if "zephon" in s:
         print(
             f"zephon ledger digests equal on every W and to `zephon hashes --digest ledger`: "

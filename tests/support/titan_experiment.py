@@ -17,6 +17,9 @@ Environment:
   EXP_SEED_CKPT     absolute path of the seed checkpoint's step-0 folder (not for exp_seed)
   EXP_LR, EXP_WARMUP, EXP_VAL_FREQ, EXP_LAYERS   learning rate, warmup steps, validation
                     interval, transformer layers kept (defaults 3e-3, 10, 20, all)
+  EXP_PRECISION     FSDP's parameter dtype, "float32" (default) or "bfloat16"
+  EXP_TITAN_SOURCES for ``exp_titan_mix``: JSON list of [folder, weight], one per dataset
+                    (TorchTitan's InterleavedHuggingFaceTextDataLoader), EXP_TITAN_SEED its seed
   ZEPHON_TEST_OUT   per-rank records: loss_rank{R}.jsonl (titan_launcher), val_rank{R}.jsonl
                     (validation loss), rows_rank{R}.jsonl (SHA-256 of every row the trainer drew),
                     valcalls_rank{R}.jsonl (next() calls of each validation pass)
@@ -25,6 +28,7 @@ Environment:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 
@@ -98,7 +102,7 @@ def _common(config):
     config.lr_scheduler.decay_type = "cosine"
     config.lr_scheduler.min_lr_factor = 0.1
     # fp32 everywhere: with bf16, W=1 (autocast) and W>=2 (FSDP bf16 parameters) round differently
-    config.training.mixed_precision_param = "float32"
+    config.training.mixed_precision_param = env.get("EXP_PRECISION", "float32")
     config.activation_checkpoint = None  # nothing to save on a CPU; recomputation only costs time
     layers = env.get("EXP_LAYERS")
     if layers:
@@ -132,6 +136,23 @@ def exp_titan():
 
     config = exp_zephon()
     config.dataloader = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=os.environ["EXP_TRAIN_DIR"])
+    return config
+
+
+def exp_titan_mix():
+    """TorchTitan 0.3's own mixture loader, ``InterleavedHuggingFaceTextDataLoader``: one
+    ``HuggingFaceTextDataLoader`` source per dataset folder with its weight (a packed row is drawn
+    from a source with probability = weight, so the weights are token shares), seed EXP_TITAN_SEED."""
+    from torchtitan.hf_datasets.text_datasets import HFDataSource, InterleavedHuggingFaceTextDataLoader
+
+    config = exp_zephon()
+    sources = [
+        HFDataSource(dataset="c4_test", dataset_path=folder, weight=float(weight))
+        for folder, weight in json.loads(os.environ["EXP_TITAN_SOURCES"])
+    ]
+    config.dataloader = InterleavedHuggingFaceTextDataLoader.Config(
+        sources=sources, seed=int(os.environ.get("EXP_TITAN_SEED", "42"))
+    )
     return config
 
 
