@@ -44,6 +44,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
+from .retry import env_number
+
 __all__ = [
     "ENV_AHEAD",
     "ENV_DIR",
@@ -455,19 +457,6 @@ _CACHES: dict[tuple[int, str, str, str], NodeCache] = {}
 _CACHES_MU = threading.Lock()
 
 
-def _env_number(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        raise ValueError(f"${name} must be a number, got {raw!r}") from None
-    if not v >= 0:
-        raise ValueError(f"${name} must be >= 0, got {raw!r}")
-    return v
-
-
 def node_cache() -> NodeCache | None:
     """This process's shard cache as the environment sets it (``$ZEPHON_SHARD_CACHE``: the folder,
     unset or empty: no cache; ``$ZEPHON_SHARD_CACHE_GB``: the cap, default 32;
@@ -481,6 +470,6 @@ def node_cache() -> NodeCache | None:
     with _CACHES_MU:
         c = _CACHES.get(k)
         if c is None:
-            limit = int(_env_number(ENV_GB, _DEFAULT_GB) * 1e9)
-            c = _CACHES[k] = NodeCache(root, limit, int(_env_number(ENV_AHEAD, _DEFAULT_AHEAD)))
+            limit = int(env_number(ENV_GB, _DEFAULT_GB) * 1e9)
+            c = _CACHES[k] = NodeCache(root, limit, int(env_number(ENV_AHEAD, _DEFAULT_AHEAD)))
         return c

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 __all__ = [
     "RangeIgnoredError",
     "bound_retries",
+    "env_number",
     "io_retry_s",
     "io_timeout_s",
     "retried_io",
@@ -48,25 +49,28 @@ class RangeIgnoredError(Exception):
 def io_timeout_s() -> float:
     """Seconds one storage request may stall (no bytes) before it counts as failed:
     ``$ZEPHON_IO_TIMEOUT_S``, default 30."""
-    return _env_seconds("ZEPHON_IO_TIMEOUT_S", 30.0)
+    return env_number("ZEPHON_IO_TIMEOUT_S", 30.0, "seconds")
 
 
 def io_retry_s() -> float:
     """Seconds transient storage errors are retried before the read fails:
     ``$ZEPHON_IO_RETRY_S``, default 60."""
-    return _env_seconds("ZEPHON_IO_RETRY_S", 60.0)
+    return env_number("ZEPHON_IO_RETRY_S", 60.0, "seconds")
 
 
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name)
+def env_number(name: str, default: float, unit: str = "") -> float:
+    """A non-negative number from the environment variable ``name`` (``default`` when unset or
+    empty); anything else is refused naming the variable."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return default
+    what = f" of {unit}" if unit else ""
     try:
         v = float(raw)
     except ValueError:
-        raise ValueError(f"${name} must be a number of seconds, got {raw!r}") from None
+        raise ValueError(f"${name} must be a number{what}, got {raw!r}") from None
     if not v >= 0:
-        raise ValueError(f"${name} must be >= 0 seconds, got {raw!r}")
+        raise ValueError(f"${name} must be >= 0{' ' + unit if unit else ''}, got {raw!r}")
     return v
 
 
