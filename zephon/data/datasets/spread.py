@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Protocol
@@ -90,9 +91,13 @@ def build_many(
 
         bar = tqdm(total=len(shards), desc=f"indexing {desc}", unit="shard")
 
+    stop = threading.Event()  # set when interrupted: the batches being indexed end at their next shard
+
     def run(batch: list[int]) -> tuple[dict[int, Arrays], tuple[int, BaseException] | None]:
         got: dict[int, Arrays] = {}
         for s in batch:
+            if stop.is_set():
+                break
             try:
                 got[s] = build(s)
             except Exception as e:
@@ -118,8 +123,9 @@ def build_many(
             if bar is not None:
                 bar.update(len(got) + (err is not None))
     except BaseException:
-        # interrupted (Ctrl-C, SIGTERM): the queued batches are dropped; the few being indexed
-        # end by themselves
+        # interrupted (Ctrl-C, SIGTERM): the queued batches are dropped, and the ones being
+        # indexed stop after the shard each thread is on
+        stop.set()
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     else:
