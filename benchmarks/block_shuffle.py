@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.common import machine  # noqa: E402
 from benchmarks.corpus import DATA, TOKENIZER_DIR, synth  # noqa: E402
+from benchmarks.stamp import stamp_files  # noqa: E402
 from zephon import Recipe, WorkerConfig  # noqa: E402
 from zephon.data.datasets.shardio import ShardFiles  # noqa: E402
 from zephon.tools.diversity import shard_diversity  # noqa: E402
@@ -169,6 +170,7 @@ def main() -> None:
     ]
     with open(os.path.join(HERE, "results", "block_shuffle.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    stamp_files(os.path.join(HERE, "results", "block_shuffle.json"), os.path.join(HERE, "results", "block_shuffle.md"))
     print("\n".join(lines))
 
 

@@ -29,6 +29,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from benchmarks.common import machine, versions  # noqa: E402
+from benchmarks.stamp import stamp_files  # noqa: E402
 
 LANES_PER_RANK = 8
 
@@ -193,6 +194,7 @@ def main() -> None:
     text = _markdown(toy, finite, real, cmd, time.time() - t0, load0)
     with open(os.path.join(out, f"{args.tag}.md"), "w") as f:
         f.write(text)
+    stamp_files(os.path.join(out, f"{args.tag}.json"), os.path.join(out, f"{args.tag}.md"), command=cmd)
     print(text)
 
 

@@ -39,6 +39,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from benchmarks.common import machine, versions  # noqa: E402
+from benchmarks.stamp import stamp_files  # noqa: E402
 
 BASE = "/tmp/zephon-many-shards"
 PHASES = ("cold", "warm", "restore", "spread2")
@@ -255,6 +256,7 @@ def main() -> None:
         json.dump({"command": cmd, "machine": m, "rows": rows}, f, indent=1)
     with open(os.path.join(res, f"{args.tag}.md"), "w") as f:
         f.write("\n".join(lines))
+    stamp_files(os.path.join(res, f"{args.tag}.json"), os.path.join(res, f"{args.tag}.md"), command=cmd)
     print("\n".join(lines))
 
 

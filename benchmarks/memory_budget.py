@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.corpus import vision_corpus, vl_tokenizer
+from benchmarks.stamp import stamp_files
 from zephon import Recipe, RecipeError, WorkerConfig
 from zephon.nodes import WindowShuffle
 
@@ -133,6 +134,7 @@ def main() -> None:
         )
     with open(os.path.join(OUT, "memory_budget.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    stamp_files(os.path.join(OUT, "memory_budget.json"), os.path.join(OUT, "memory_budget.md"))
     print("\n".join(lines))
 
 

@@ -31,6 +31,7 @@ for p in (ROOT, os.path.join(ROOT, "tests", "support")):
     if p not in sys.path:
         sys.path.insert(0, p)
 from benchmarks.common import machine, versions  # noqa: E402
+from benchmarks.stamp import stamp_files  # noqa: E402
 
 RECIPE = """\
 seed = 5
@@ -295,6 +296,7 @@ def _write(rows: list, turns: dict, args: argparse.Namespace, cmd: str, took: fl
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()), ""]
     with open(os.path.join(res, f"{args.tag}.md"), "w") as f:
         f.write("\n".join(lines))
+    stamp_files(os.path.join(res, f"{args.tag}.json"), os.path.join(res, f"{args.tag}.md"), command=cmd)
     print("\n".join(lines))
 
 

@@ -29,6 +29,7 @@ WORKER = os.path.join(ROOT, "tests", "support", "read_once_worker.py")
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from benchmarks.common import machine, versions  # noqa: E402
+from benchmarks.stamp import stamp_files  # noqa: E402
 
 RECIPE = """\
 seed = 5
@@ -150,6 +151,7 @@ def _write(rows: list[dict], args: argparse.Namespace, cmd: str, took: float, lo
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()), ""]
     with open(os.path.join(res, f"{args.tag}.md"), "w") as f:
         f.write("\n".join(lines))
+    stamp_files(os.path.join(res, f"{args.tag}.json"), os.path.join(res, f"{args.tag}.md"), command=cmd)
     print("\n".join(lines))
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.stamp import stamp_files
+
 ORDER = ["zephon", "zephon_proc", "grain_threads", "grain_mp", "torchdata", "titan", "titan_nw2", "limit"]
 
 DIFFERENCES = """\
@@ -450,6 +452,7 @@ def finish_report(
         f.write("\n".join(L) + "\n")
     with open(stem + ".json", "w") as f:
         json.dump(data, f, indent=1, default=str)
+    stamp_files(stem + ".json", md)
     try:
         plot_png(stem + ".png")
     except ImportError as e:

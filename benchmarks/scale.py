@@ -41,6 +41,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from benchmarks.common import machine, versions  # noqa: E402  (stdlib only: runs where zephon's dependencies are missing)
+from benchmarks.stamp import stamp_files  # noqa: E402
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -399,6 +400,7 @@ def write_report(data: dict[str, Any], stem: str) -> str:
         f.write("\n".join(L) + "\n")
     with open(stem + ".json", "w") as f:
         json.dump(data, f, indent=1, default=str)
+    stamp_files(stem + ".json", md)
     try:
         plot(data, stem + ".png")
     except ImportError as e:

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.common import machine  # noqa: E402
 from benchmarks.corpus import text_corpus  # noqa: E402
+from benchmarks.stamp import stamp_files  # noqa: E402
 from benchmarks.text_contenders import Settings, build_zephon  # noqa: E402
 from zephon.data import index_dataset  # noqa: E402
 from zephon.data.datasets.shardio import ShardFiles  # noqa: E402
@@ -161,6 +162,7 @@ def main() -> None:
     ]
     with open(os.path.join(args.out, "verify_reads.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    stamp_files(os.path.join(args.out, "verify_reads.json"), os.path.join(args.out, "verify_reads.md"))
     print("\n".join(lines))
 
 

@@ -44,6 +44,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 
 from benchmarks.common import run_chunks  # noqa: E402
+from benchmarks.stamp import stamp_files  # noqa: E402
 
 DATA = os.path.join(HERE, ".data")
 SIZES = {
@@ -308,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(result, f, indent=1)
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write(report(result))
+    stamp_files(os.path.join(args.out, stem + ".json"), os.path.join(args.out, stem + ".md"))
     return 0
 
 

@@ -1,6 +1,6 @@
 """zephon.nodes: the operator library (pack, shuffle, batch, tokenize, ...).
 
-Every operator is a :class:`zephon.ZNode`: the torchdata ``BaseNode`` contract plus ``close()``,
+Every operator is a :class:`zephon.engine.ZNode`: the torchdata ``BaseNode`` contract plus ``close()``,
 a tagged JSON state with the same keys at every step, and flush-and-replay checkpointing.
 Operators use only zephon's public API, so a user's own operator is a first-class citizen.
 
@@ -32,6 +32,7 @@ from .filters import (
 from .images import DECODE_RULES, VisionConfig
 from .mmpack import MMPack, mm_pad_batch
 from .pack import ALGORITHMS, Pack, pad_row, pad_rows
+from .phases import BatchSchedule, Carry, PhasedLane, ScheduledBatch, SegmentPack
 from .policy import ON_ERROR, skip_hint
 from .rows import IGNORE_INDEX, LABELS, PartProvenance, Provenance, provenance_entry, row_spans
 from .shuffle import WindowShuffle
@@ -56,8 +57,10 @@ __all__ = [
     "SPLIT_MODES",
     "STATEFUL_METHODS",
     "Batch",
+    "BatchSchedule",
     "BlockOrder",
     "Carried",
+    "Carry",
     "ChatDoc",
     "ChatOptions",
     "ChatPack",
@@ -79,7 +82,10 @@ __all__ = [
     "MMPack",
     "Pack",
     "PartProvenance",
+    "PhasedLane",
     "Provenance",
+    "ScheduledBatch",
+    "SegmentPack",
     "SkipCounter",
     "SkipShareWarning",
     "StatefulFunction",

@@ -40,7 +40,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zephon.engine import IndexPermutation, stable_u64
+from zephon.engine import IndexPermutation
+from zephon.engine.seeding import stable_u64
 
 __all__ = ["OPEN_BLOCKS", "BlockOrder", "expected_distinct", "global_batch_diversity"]
 

@@ -29,15 +29,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from zephon.data import (
-    BadRecord,
-    ChatRenderer,
-    ConversationError,
-    DataError,
-    ShardIndex,
-    parse_conversation,
-    select_mask,
-)
+from zephon.data import BadRecord, ChatRenderer, ConversationError, DataError, ShardIndex
+from zephon.data.chat import parse_conversation, select_mask
 from zephon.engine import ProcessLocal
 
 from .pack import Pack

@@ -38,7 +38,8 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from zephon.data.datasets import BadRecord, read_fields
-from zephon.engine import UPSTREAM, StateError, ZNode, check_state_keys, state_ints, state_node
+from zephon.engine import StateError, ZNode
+from zephon.engine.node import UPSTREAM, check_state_keys, state_ints, state_node
 
 from .tokenize import FetchTokenize, TokDoc
 from .userfn import FilterError, StatefulFunction, resolve_function
@@ -81,6 +82,19 @@ class Carried(NamedTuple):
 
 
 _NUMBER = (int, float, np.integer, np.floating)
+
+
+def field_in(value: Any, values: Sequence[Any]) -> bool:
+    """Whether a field's ``value`` is one of ``values`` comparing like with like: a bool matches
+    only a bool (``True == 1`` in Python, so ``true`` would match ``in = [1]``), a number a number.
+
+    >>> field_in(True, [1]), field_in(1.0, [1]), field_in(True, [True])
+    (False, True, True)
+    """
+    kind = bool if isinstance(value, bool) else str if isinstance(value, str) else float
+    return any(
+        (bool if isinstance(x, bool) else str if isinstance(x, str) else float) is kind and x == value for x in values
+    )
 
 
 class FilterVerdict(NamedTuple):
@@ -174,11 +188,15 @@ class FilterRule:
             )
             raise FieldError(f"{where}: the field {what} on {{record}}; {fix}", f"field {name!r} {what.split(' (')[0]}")
         v = fields[name]
+        if isinstance(v, (float, np.floating)) and v != v:
+            raise FieldError(
+                f"{where}: the value is NaN (not a number to compare), on {{record}}; {fix}", f"field {name!r} is NaN"
+            )
         if "in" in p or "not_in" in p:
             if not isinstance(v, (str, bool, *_NUMBER)):
                 what = f"is a {type(v).__name__}, not a string or number"
                 raise FieldError(f"{where}: the value {what}, on {{record}}; {fix}", f"field {name!r} {what}")
-            return v in p["in"] if "in" in p else v not in p["not_in"]
+            return field_in(v, p["in"]) if "in" in p else not field_in(v, p["not_in"])
         if isinstance(v, bool) or not isinstance(v, _NUMBER):
             what = f"is a {type(v).__name__}, not a number"
             raise FieldError(f"{where}: the value {v!r} {what}, on {{record}}; {fix}", f"field {name!r} {what}")

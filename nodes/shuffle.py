@@ -6,7 +6,8 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon.engine import Accumulator, check_state_keys, lane_rng, state_int
+from zephon.engine import Accumulator, lane_rng
+from zephon.engine.node import check_state_keys, state_int
 
 __all__ = ["WindowShuffle"]
 

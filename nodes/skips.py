@@ -9,7 +9,8 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from zephon.data.datasets import DataError
-from zephon.engine import UPSTREAM, StateError, ZNode, check_state_keys, state_int, state_ints, state_node
+from zephon.engine import StateError, ZNode
+from zephon.engine.node import UPSTREAM, check_state_keys, state_int, state_ints, state_node
 
 __all__ = ["MAX_DETAIL_ROWS", "SKIP_SHARE_WARNING", "SkipCounter", "SkipShareWarning", "lane_share", "reason_class"]
 

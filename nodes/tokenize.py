@@ -1,6 +1,6 @@
 """Fetch and tokenize: the stateless, parallel half of the text pipeline.
 
-:class:`FetchTokenize` is an elementwise batch function for :class:`zephon.OrderedMapper`: it
+:class:`FetchTokenize` is an elementwise batch function for :class:`zephon.engine.OrderedMapper`: it
 turns a chunk of :class:`zephon.worksource.WorkItem` into :class:`TokDoc` s, reading the
 records from their shards (grouped per shard) and tokenizing them with one batched call. It is
 picklable (datasets and tokenizer travel as small handles) and caches itself per process, so
@@ -40,6 +40,7 @@ from zephon.data.tokenizer import TextTokenizer
 from zephon.engine import ProcessLocal
 
 from .policy import ON_ERROR, skip_hint
+from .tokencached import cache_setting, through_cache
 from .worksource import WorkItem
 
 __all__ = ["SPLIT_MODES", "FetchTokenize", "TokDoc", "check_token_widths", "part_span"]
@@ -210,9 +211,11 @@ class FetchTokenize(ProcessLocal):
             raise ValueError(f"split must be one of {SPLIT_MODES}, got {split!r}")
         self.split = split
         check_token_widths(self.datasets, tokenizer)
+        self.token_cache = cache_setting()  # the node's token cache ($ZEPHON_TOKEN_CACHE), carried to workers
         ProcessLocal.__init__(self)
 
     _transient: tuple[str, ...] = ("_parts_cache", "_text_cache")
+    doc_type, part_search = TokDoc, PART_SEARCH_CHARS  # what the token cache needs (tokencached.py)
 
     #: texts of multi-part records kept per process ("text" mode): a part re-reads its record
     #: only when the record left this cache (a read is ~1/400 of tokenizing the record here)
@@ -232,6 +235,10 @@ class FetchTokenize(ProcessLocal):
         return out
 
     def __call__(self, items: list[WorkItem]) -> list[TokDoc]:
+        return through_cache(self, items, self.tokenize)  # the node's token cache, if set
+
+    def tokenize(self, items: list[WorkItem]) -> list[TokDoc]:
+        """``items -> [TokDoc]`` without the token cache."""
         if self.split == "text":
             return self._text_parts(items)
         docs = self._documents(items)

@@ -2,7 +2,7 @@
 
 The per-image steps are plain functions in :mod:`zephon.nodes.images` (decode, resize,
 normalise, patchify); :class:`FetchVision` is the elementwise batch
-function for :class:`zephon.OrderedMapper` that turns a chunk of WorkItems into
+function for :class:`zephon.engine.OrderedMapper` that turns a chunk of WorkItems into
 :class:`MMDoc` s: it reads image-text records, decodes their images (Pillow releases the GIL
 while decoding and resizing, so threads scale), tokenizes all text segments of the chunk in one
 call and lays out each sample's tokens as TorchTitan's multimodal pipeline does::

@@ -35,7 +35,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from zephon.engine import IndexPermutation, StateError, ZNode, check_state_keys, stable_u64, state_int, state_ints
+from zephon.engine import IndexPermutation, StateError, ZNode
+from zephon.engine.node import check_state_keys, state_int, state_ints
+from zephon.engine.seeding import stable_u64
 
 from .blockorder import BlockOrder
 
@@ -233,7 +235,11 @@ class WorkPlan:
         self._orders: collections.OrderedDict[tuple[int, int], _EpochOrder | BlockOrder] = collections.OrderedDict()
         self._orders_lock = threading.Lock()
 
-    ORDERS_KEPT = 32  # epoch orders kept (all datasets together)
+    ORDERS_KEPT = 32  # epoch orders always kept (all datasets together) ...
+    #: ... and more while ``orders x (64 + shards)`` stays under this (an order costs O(its shards)
+    #: plus a constant): where lanes outnumber records every lane spans many epochs in one step,
+    #: and a cache of 32 orders made every lane rebuild every epoch (lanes x epochs orders)
+    ORDER_BUDGET = 1 << 18
 
     def epoch_order(self, d: int, epoch: int) -> _EpochOrder | BlockOrder:
         """Dataset ``d``'s order in ``epoch`` (position -> shard, record), shared by all lanes."""
@@ -250,7 +256,9 @@ class WorkPlan:
             order = _EpochOrder(self.seed, d, ds.shard_sizes, epoch)
         with self._orders_lock:
             order = self._orders.setdefault(key, order)
-            while len(self._orders) > self.ORDERS_KEPT:
+            while len(self._orders) > self.ORDERS_KEPT and (
+                len(self._orders) * (64 + max(len(ds.shard_sizes) for ds in self.datasets)) > self.ORDER_BUDGET
+            ):
                 self._orders.popitem(last=False)
         return order
 

@@ -186,7 +186,7 @@ print("segment reproduced from the source file:",
 # `recipe.build_lane(ctx)` builds one lane; the `LaneContext` says which lane of how many.
 
 # %%
-lane = recipe.build_lane(zephon.LaneContext(seed=recipe.seed, lane=0, lanes=recipe.lanes))
+lane = recipe.build_lane(zephon.engine.LaneContext(seed=recipe.seed, lane=0, lanes=recipe.lanes))
 print(lane.describe())
 
 # %%

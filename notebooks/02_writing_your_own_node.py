@@ -22,8 +22,8 @@
 #
 # | kind | use it for | parallel? | state | example |
 # |---|---|---|---|---|
-# | **stateless map** — `zephon.OrderedMapper(source, fn=...)` | decode, tokenize, filter-by-content, augment with a seeded RNG | yes: N threads or processes, results in input order | none of yours: the mapper checkpoints its own position | fetch + tokenize |
-# | **accumulator** — subclass `zephon.Accumulator` | anything that looks at *several* records: pack, shuffle, batch, sort, bucket | no: one thread per lane | a few counters; **never** the buffer | `Pack`, `WindowShuffle`, `Batch` |
+# | **stateless map** — `zephon.engine.OrderedMapper(source, fn=...)` | decode, tokenize, filter-by-content, augment with a seeded RNG | yes: N threads or processes, results in input order | none of yours: the mapper checkpoints its own position | fetch + tokenize |
+# | **accumulator** — subclass `zephon.engine.Accumulator` | anything that looks at *several* records: pack, shuffle, batch, sort, bucket | no: one thread per lane | a few counters; **never** the buffer | `Pack`, `WindowShuffle`, `Batch` |
 #
 # The rule that keeps a run deterministic: a map's output depends only on its input item; an
 # accumulator's output depends only on its input *stream* (and a seed). Then the worker count
@@ -41,7 +41,8 @@ import time
 import numpy as np
 
 import zephon
-from zephon import Accumulator, GlobalLoader, LaneContext, OrderedMapper, WorkerConfig, batch_sha256
+from zephon import GlobalLoader, WorkerConfig, batch_sha256
+from zephon.engine import Accumulator, LaneContext, OrderedMapper
 from zephon.nodes import Batch
 from zephon.engine.testing import RangeSource, check_node
 
@@ -100,7 +101,7 @@ print(f"{result.steps} steps, restored at each of them; largest state: {result.m
 #
 # The function you map must be *pure*: the same input gives the same output, whichever worker
 # runs it and whenever. Randomness is fine only when it is seeded from the item (or from
-# `zephon.lane_rng(seed, lane, op, epoch, counter)`). Here is a map with an unseeded random
+# `zephon.engine.lane_rng(seed, lane, op, epoch, counter)`). Here is a map with an unseeded random
 # augmentation — exactly the bug that makes a resumed run silently diverge — and what check_node
 # says about it:
 
@@ -188,7 +189,7 @@ class LengthSortWindow(Accumulator):
         items, self._items = self._items, []
         if not items:
             return
-        rng = zephon.lane_rng(self.seed, self.lane, "length_sort", 0, self._window)
+        rng = zephon.engine.lane_rng(self.seed, self.lane, "length_sort", 0, self._window)
         tie = rng.random(len(items))
         for i in sorted(range(len(items)), key=lambda i: (items[i]["length"], tie[i])):
             self.emit({**items[i], "window": self._window})
@@ -352,7 +353,7 @@ print(f"lane 3: {result.steps} steps restored; largest lane state {result.max_st
 # **Checklist for your own node**
 #
 # 1. Map or accumulator? If it needs more than one record, it is an accumulator.
-# 2. Randomness only from `zephon.lane_rng(seed, lane, op, epoch, counter)` (or seeded by the item).
+# 2. Randomness only from `zephon.engine.lane_rng(seed, lane, op, epoch, counter)` (or seeded by the item).
 # 3. Every counter that affects an output is in `extra_state`.
 # 4. `flush()` empties the buffer; pass `flush_every=` to bound replay if your buffer rarely empties on its own.
 # 5. One `check_node(lambda: YourNode(...))` in your tests.

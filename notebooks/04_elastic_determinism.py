@@ -40,6 +40,8 @@ import numpy as np
 
 import zephon
 from zephon import Recipe, WorkerConfig, batch_sha256
+from zephon.engine.checkpoint import decode_state, encode_state
+from zephon.engine.lanes import divisors
 from zephon.tools.demo import write_demo_recipe
 
 root = tempfile.mkdtemp(prefix="zephon-elastic-")
@@ -52,7 +54,7 @@ with open(path, "w") as f:
             .replace('backend = "thread"\n', 'backend = "thread"\nchunk_size = 8\n'))
 recipe = Recipe.from_toml(path)
 print(recipe)
-print("valid world sizes:", zephon.divisors(recipe.lanes))
+print("valid world sizes:", divisors(recipe.lanes))
 
 # %% [markdown]
 # A small helper to show runs side by side: one row per run, one column per step, the first
@@ -127,7 +129,7 @@ except ValueError as e:
 # step, token estimates). In a real job each rank saves its own lanes; any W' can load the
 # union, because each rank only picks the lanes it now owns.
 #
-# For torch.distributed.checkpoint (DCP), `zephon.encode_state` turns the state into one bytes
+# For torch.distributed.checkpoint (DCP), `zephon.engine.checkpoint.encode_state` turns the state into one bytes
 # entry per lane; `decode_state` validates and parses them back.
 
 # %%
@@ -137,7 +139,7 @@ with recipe.global_loader(world_size=4) as g:
         next(g)
     state = g.state_dict()
 
-encoded = zephon.encode_state(state)
+encoded = encode_state(state)
 print("entries:", list(encoded)[:3], "...", f"({len(encoded)} in all)")
 print("bytes per lane:", sorted({len(v) for k, v in encoded.items() if k.startswith("lane_")}),
       "| shared entry:", len(encoded["zephon"]), "bytes | total:", sum(len(v) for v in encoded.values()), "bytes")
@@ -172,7 +174,7 @@ outline(entry["state"])
 # uninterrupted run:
 
 # %%
-restored = zephon.decode_state(encoded)
+restored = decode_state(encoded)
 resumed = {"uninterrupted (W=1)": runs["W=1, inline"][SAVE_AT:]}
 for W in (2, 8):
     with recipe.global_loader(world_size=W, workers=WorkerConfig(2, "thread")) as g:

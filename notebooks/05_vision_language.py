@@ -44,6 +44,7 @@ from tokenizers import AddedToken, Tokenizer
 
 import zephon
 from zephon import Recipe, WorkerConfig, batch_sha256
+from zephon.engine.checkpoint import decode_state, encode_state
 from zephon.tools.demo import TOKENIZER_DIR
 from zephon.tools.display import explain, show, unpatchify
 from zephon.nodes.images import patchify
@@ -277,7 +278,7 @@ runs["W=2, 2 worker threads"] = hashes(2, WorkerConfig(2, "thread"))[0]
 runs["W=4, 2 worker processes"] = hashes(4, WorkerConfig(2, "process"))[0]
 # save on 4 ranks after 2 steps, resume on 1 rank
 first, state = hashes(4, WorkerConfig(0), steps=2)
-state = zephon.decode_state(zephon.encode_state(state))  # what a checkpoint stores
+state = decode_state(encode_state(state))  # what a checkpoint stores
 rest, _ = hashes(1, WorkerConfig(2, "thread"), steps=2, state=state)
 runs["W=4 -> save at step 2 -> W=1"] = first + rest
 for k, hs in runs.items():
@@ -377,7 +378,7 @@ print(f"one epoch: {len(a)} batches; identical on W=1 inline and W=4 with 2 thre
 counts = {"skipped": 0, "seen": 0}
 reasons = []
 for lane in range(skip.lanes):
-    node = skip.build_lane(zephon.LaneContext(seed=skip.seed, lane=lane, lanes=skip.lanes))
+    node = skip.build_lane(zephon.engine.LaneContext(seed=skip.seed, lane=lane, lanes=skip.lanes))
     for _ in node:
         pass
     counter = node

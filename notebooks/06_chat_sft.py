@@ -41,7 +41,8 @@ import tempfile
 import numpy as np
 
 from zephon import Recipe, WorkerConfig, batch_sha256
-from zephon.data import CHAT_TOKENIZER, TextTokenizer, load_chat_template
+from zephon.data import TextTokenizer
+from zephon.data.chat import CHAT_TOKENIZER, load_chat_template
 from zephon.nodes import provenance_entry, row_spans
 from zephon.recipe.chat import realized_shares
 from zephon.tools.chat_demo import write_chat_recipe

@@ -3,7 +3,7 @@
 
     python scripts/ablation_experiment.py              # both loaders, W = 1, 2, three data seeds (~35 min, 2 busy cores)
     python scripts/ablation_experiment.py --bf16       # ... and zephon's runs once more in bf16 (slow on a CPU)
-    python scripts/ablation_experiment.py --plot-only  # redraw the figure (and the README table) from the JSON
+    python scripts/ablation_experiment.py --plot-only  # redraw the figure (and the docs table) from the JSON
 
 The committed bf16 figure comes from a separate short run, merged into the JSON:
 
@@ -43,8 +43,8 @@ so W = 1 and W = 2 round the same way; gloo carries the bf16 all-gathers on CPU)
 CPU/gloo, but bf16 matmuls on this CPU took ~25 s a step (fp32: 2-3 s), hence the short run.
 
 Writes ``docs/img/ablation.json`` (every loss, per-step global-batch digests, ledger digests,
-timings, machine load, the configuration), ``docs/img/ablation.png`` and prints the README table
-(``--readme`` rewrites it in README.md). ``tests/integrations/test_ablation.py`` runs a small
+timings, machine load, the configuration), ``docs/img/ablation.png`` and prints the docs table
+(``--readme`` rewrites it in docs/experiments.md). ``tests/integrations/test_ablation.py`` runs a small
 variant; ``scripts/ablation_gpu.sh`` runs a bigger one on a 16-core machine.
 """
 
@@ -62,6 +62,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import gpu_count_experiment as gce  # noqa: E402  (the launcher, the run reader, the validation recipe)
+
+from benchmarks.stamp import stamp_files  # noqa: E402  (gpu_count_experiment puts the checkout on sys.path)
 
 README_START = "<!-- ablation-table:start (scripts/ablation_experiment.py --readme) -->"
 README_END = "<!-- ablation-table:end -->"
@@ -298,6 +300,7 @@ def write_json(res: dict, path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(res, f, indent=1)
         f.write("\n")
+    stamp_files(path)  # the commit, machine and command (kept on a --plot-only redraw)
 
 
 # -- the numbers -------------------------------------------------------------------------------
@@ -583,7 +586,7 @@ def main() -> None:
     p.add_argument("--workdir", default=os.path.join(ROOT, "build", "ablation"))
     p.add_argument("--json", default=os.path.join(ROOT, "docs", "img", "ablation.json"))
     p.add_argument("--png", default=os.path.join(ROOT, "docs", "img", "ablation.png"))
-    p.add_argument("--readme", action="store_true", help="rewrite the table in README.md")
+    p.add_argument("--readme", action="store_true", help="rewrite the table in docs/experiments.md")
     p.add_argument("--plot-only", action="store_true", help="redraw from the JSON")
     p.add_argument("--no-plot", action="store_true", help="write the JSON only (the test tier)")
     p.add_argument("--seed-checkpoint", default=None, help="a step-0 folder from an earlier run with the same --layers")
@@ -607,8 +610,8 @@ def main() -> None:
         plot(res, args.png)
     report(res)
     if args.readme:
-        update_readme(res, os.path.join(ROOT, "README.md"))
-        print("updated the table in README.md")
+        update_readme(res, os.path.join(ROOT, "docs", "experiments.md"))
+        print("updated the table in docs/experiments.md")
 
 
 if __name__ == "__main__":

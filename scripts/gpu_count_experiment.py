@@ -2,7 +2,7 @@
 """Does the number of GPUs change the result? The from-scratch experiment in miniature, on a CPU.
 
     python scripts/gpu_count_experiment.py              # 1, 2, 4 and 8 ranks, both loaders (~25 min, 2 cores)
-    python scripts/gpu_count_experiment.py --plot-only  # redraw the figure (and the README table) from the JSON
+    python scripts/gpu_count_experiment.py --plot-only  # redraw the figure (and the docs table) from the JSON
 
 TorchTitan 0.3.0's llama3 debug model is trained from scratch on 1, 2, 4 and 8 data-parallel
 ranks (real ``torchrun`` processes, gloo on CPU, through ``tests/support/titan_launcher.py``) with
@@ -15,8 +15,8 @@ W>=2 (FSDP's bf16 parameters) round differently, which alone moves the loss by ~
 
 Writes ``docs/img/gpu_count.json`` (every training loss, validation loss, per-step global-batch
 digest, the zephon batch ledger's digests, timings and machine load), ``docs/img/gpu_count.png``
-(training and validation curves per rank count, each loader side by side) and prints the README
-table (``--readme`` also rewrites it in README.md): the spread (max - min over rank counts) of
+(training and validation curves per rank count, each loader side by side) and prints the docs
+table (``--readme`` also rewrites it in docs/experiments.md): the spread (max - min over rank counts) of
 the final validation loss, standard loader vs zephon.
 
 The test tier runs a smaller variant (``tests/integrations/test_gpu_count.py``) and asserts what
@@ -40,6 +40,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUPPORT = os.path.join(ROOT, "tests", "support")  # the CPU launcher and the experiment's config functions
 LAUNCHER = os.path.join(SUPPORT, "titan_launcher.py")
 sys.path.insert(0, ROOT)
+
+from benchmarks.stamp import stamp_files  # noqa: E402
 
 README_START = "<!-- gpu-count-table:start (scripts/gpu_count_experiment.py --readme) -->"
 README_END = "<!-- gpu-count-table:end -->"
@@ -525,7 +527,7 @@ def main() -> None:
     p.add_argument("--workdir", default=os.path.join(ROOT, "build", "gpu_count"))
     p.add_argument("--json", default=os.path.join(ROOT, "docs", "img", "gpu_count.json"))
     p.add_argument("--png", default=os.path.join(ROOT, "docs", "img", "gpu_count.png"))
-    p.add_argument("--readme", action="store_true", help="rewrite the table in README.md")
+    p.add_argument("--readme", action="store_true", help="rewrite the table in docs/experiments.md")
     p.add_argument("--plot-only", action="store_true", help="redraw from the JSON")
     p.add_argument("--no-plot", action="store_true", help="write the JSON only (the test tier)")
     p.add_argument(
@@ -548,6 +550,7 @@ def main() -> None:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(res, f, indent=1)
             f.write("\n")
+        stamp_files(args.json)  # the commit, machine and command
     if not args.no_plot:
         plot(res, args.png)
     s = summarize(res)
@@ -582,8 +585,8 @@ def main() -> None:
         f"runtime {res['runtime_s']:.0f} s; wrote {os.path.relpath(args.json, ROOT)}, {os.path.relpath(args.png, ROOT)}"
     )
     if args.readme:
-        update_readme(res, os.path.join(ROOT, "README.md"))
-        print("updated the table in README.md")
+        update_readme(res, os.path.join(ROOT, "docs", "experiments.md"))
+        print("updated the table in docs/experiments.md")
 
 
 if __name__ == "__main__":

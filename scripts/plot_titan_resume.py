@@ -38,6 +38,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests", "support")  # the CPU launcher and the helpers it imports
 LAUNCHER = os.path.join(TESTS, "titan_launcher.py")
+sys.path.insert(0, ROOT)
+
+from benchmarks.stamp import stamp_files  # noqa: E402
 
 
 def write_small_recipe(root: str) -> str:
@@ -463,6 +466,7 @@ def main() -> None:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(res, f, indent=1)
             f.write("\n")
+        stamp_files(args.json)  # the commit, machine and command
         if not args.keep_checkpoints:
             shutil.rmtree(os.path.join(os.path.abspath(args.workdir), "runs"), ignore_errors=True)
     plot(res, args.png)

@@ -8,7 +8,9 @@ Needs the notebook extra (``pip install -e ".[notebook]"``, or ``.[dev]``). Each
 ``python3`` kernel that is this interpreter, in a scratch working directory and ``TMPDIR`` (removed
 afterwards). ``tests/system/test_notebooks.py`` executes them the same way and fails when the
 outputs differ from the committed ones beyond volatile fields (temporary paths, timings, object
-addresses, image bytes): rerun this script and commit the notebooks when it does.
+addresses, image bytes): rerun this script and commit the notebooks when it does. The outputs
+carry no machine paths: the scratch folder, the package, the checkout, the venv and the home
+folder are written ``<tmp>``, ``<zephon>``, ``<repo>``, ``<venv>`` and ``~`` (``scrub``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any
 import nbclient
 import nbformat
 
+import zephon
+
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
 CELL_TIMEOUT_S = 300
 _PROBE = "import sys as _zephon_probe_sys; print(_zephon_probe_sys.executable)"
@@ -37,7 +41,7 @@ VOLATILE = [
     (re.compile(r"[^\s'\"]*/zephon/data/assets"), "<zephon>/data/assets"),
     # a recipe's fingerprint names its files (under the run's temporary folder), and a state digest binds it
     (re.compile(r"((fingerprint|digest)[\"']?\s*[:=]?\s*[\"']?)[0-9a-f]{8,}"), r"\1<hex>"),
-    (re.compile(r"(/private)?/(tmp|var/folders)/[^\s'\"),\]}]*"), "<tmp>"),
+    (re.compile(r"((/private)?/(tmp|var/folders)|<tmp>)/[^\s'\"),\]}]*"), "<tmp>"),
     (re.compile(r"0x[0-9a-fA-F]{6,}"), "0x<addr>"),
     (re.compile(r"\d[\d,]*\.\d+"), "<float>"),
     (re.compile(r"\d[\d,]*(?= ?(s|ms|µs|items/s|/s|rows/s|docs/s|MB/s|GB/s)\b)"), "<int>"),
@@ -47,6 +51,44 @@ VOLATILE = [
     (re.compile(r" {2,}"), " "),  # the padding of masked numbers in aligned columns
 ]
 _IMAGES = ("image/png", "image/jpeg", "image/svg+xml")
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def machine_paths(scratch: str) -> list[tuple[str, str]]:
+    """This machine's folders as they may appear in outputs, longest first, and what stands for
+    them in the committed notebooks (which carry no machine paths)."""
+    pairs = {
+        scratch: "<tmp>",
+        os.path.realpath(scratch): "<tmp>",
+        os.path.dirname(os.path.abspath(zephon.__file__)): "<zephon>",
+        str(_REPO): "<repo>",
+        sys.prefix: "<venv>",
+        os.path.expanduser("~"): "~",
+    }
+    return sorted(((k, v) for k, v in pairs.items() if len(k) > 1), key=lambda kv: -len(kv[0]))
+
+
+def scrub(nb: Any, paths: list[tuple[str, str]]) -> None:
+    """Replace this machine's folders in every text output by their placeholders (in place)."""
+
+    def clean(text: str) -> str:
+        for path, name in paths:
+            text = text.replace(path, name)
+        return text
+
+    def clean_any(value: Any) -> Any:
+        return (
+            clean(value) if isinstance(value, str) else [clean(v) for v in value] if isinstance(value, list) else value
+        )
+
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            for key in ("text", "evalue", "traceback"):
+                if key in out:
+                    out[key] = clean_any(out[key])
+            for mime, body in out.get("data", {}).items():
+                if mime not in _IMAGES:
+                    out["data"][mime] = clean_any(body)
 
 
 def _kernel_env(scratch: str) -> dict[str, str | None]:
@@ -98,7 +140,9 @@ def execute(ipynb: pathlib.Path) -> tuple[Any, float]:
             else:
                 os.environ[k] = v
     elapsed = time.monotonic() - t0
+    scrub(nb, machine_paths(scratch))
     probe = "".join(o.get("text", "") for o in nb.cells.pop(0).outputs).strip()
+    probe = probe.replace("<venv>", sys.prefix).replace("<repo>", str(_REPO))
     if os.path.abspath(probe) != os.path.abspath(sys.executable):
         raise RuntimeError(f"the python3 kernel ran {probe!r}, not this interpreter {sys.executable!r}")
     count = 0

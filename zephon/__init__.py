@@ -3,7 +3,7 @@
 Global batch t is the same bytes on 1, 2, 4, ... 64 data-parallel ranks, with any number of
 loader workers, and after a resume on another number of ranks. See README.md.
 
-This package is the public face of five layers, each one sub-package, importing only downwards:
+This package is the public face of six layers, each one sub-package, importing only downwards:
 
 ==================  =====================================================================
 ``zephon.engine``   node contract, accumulator, ordered mapper, workers, lanes and router,
@@ -11,8 +11,8 @@ This package is the public face of five layers, each one sub-package, importing 
 ``zephon.data``     datasets (readers, indexes) and the tokenizer
 ``zephon.nodes``    operators, the WorkSource included (the ``nodes/`` folder)
 ``zephon.recipe``   the recipe: schema, preparation, lane assembly, checkpoint migrations
-``zephon.tools``    command line, display, plots, demo, synthetic corpora;
-``zephon.integrations``  TorchTitan
+``zephon.tools``    command line, display, plots, demo, synthetic corpora
+``zephon.integrations``  TorchTitan, plain torch, HF Trainer and datasets, Lightning
 ==================  =====================================================================
 
 Every module has one public path, its place in the layers: ``zephon.tools.demo``,
@@ -29,28 +29,10 @@ Quickstart (the README has more; the engine's own example, with no operators at 
     True
 """
 
-from zephon.engine import (
-    Accumulator,
-    IndexPermutation,
-    LaneContext,
-    OrderedMapper,
-    PipelineError,
-    ProcessLocal,
-    StateError,
-    WorkerConfig,
-    WorkerError,
-    WorkerPool,
-    ZNode,
-    lane_rng,
-    seed_sequence,
-    stable_u64,
-)
-from zephon.engine.checkpoint import FORMAT_VERSION, decode_state, encode_state, lane_key, merge_states
-from zephon.engine.collate import collate
+from zephon.data import DataError
+from zephon.engine import PipelineError, StateError, WorkerConfig, WorkerError
 from zephon.engine.digest import batch_sha256
-from zephon.engine.lanes import divisors, lanes_of_rank
-from zephon.engine.router import GlobalLoader, Router
-from zephon.engine.workers import PoolSet
+from zephon.engine.router import GlobalLoader
 from zephon.recipe import Recipe, RecipeError
 
 __version__ = "0.1.0"
@@ -60,32 +42,13 @@ __version__ = "0.1.0"
 LAYERS = ("engine", "data", "nodes", "recipe", "tools", "integrations")
 
 __all__ = [
-    "FORMAT_VERSION",
-    "Accumulator",
+    "DataError",
     "GlobalLoader",
-    "IndexPermutation",
-    "LaneContext",
-    "OrderedMapper",
     "PipelineError",
-    "PoolSet",
-    "ProcessLocal",
     "Recipe",
     "RecipeError",
-    "Router",
     "StateError",
     "WorkerConfig",
     "WorkerError",
-    "WorkerPool",
-    "ZNode",
     "batch_sha256",
-    "collate",
-    "decode_state",
-    "divisors",
-    "encode_state",
-    "lane_key",
-    "lane_rng",
-    "lanes_of_rank",
-    "merge_states",
-    "seed_sequence",
-    "stable_u64",
 ]

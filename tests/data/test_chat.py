@@ -18,15 +18,8 @@ import os
 import numpy as np
 import pytest
 
-from zephon.data import (
-    TEMPLATES,
-    ChatRenderer,
-    ConversationError,
-    index_dataset,
-    load_chat_template,
-    parse_conversation,
-    select_mask,
-)
+from zephon.data import ChatRenderer, ConversationError, index_dataset
+from zephon.data.chat import TEMPLATES, load_chat_template, parse_conversation, select_mask
 from zephon.tools.synth import generate_conversations
 
 transformers = pytest.importorskip("transformers")

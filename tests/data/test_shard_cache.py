@@ -270,3 +270,19 @@ def test_the_cache_in_isolation_keys_by_version_and_writes_atomically(tmp_path):
     with c.hold(entry_key("s3://b/k", "ETag:1", 3), 3, lambda sink: pytest.fail("downloaded twice")) as p:
         assert open(p, "rb").read() == b"abc"
     assert c.stats["downloads"] == 1 and c.stats["hits"] == 2
+
+
+def test_a_corrupt_cache_entry_is_dropped_and_fetched_again_with_one_warning(s3, tmp_path):
+    _, fs, _ = s3
+    url = f"s3://{BUCKET}/d/*.jsonl"
+    fs.pipe(f"{BUCKET}/d/a.jsonl", LINES)
+    ix = index_dataset("web", url, format="jsonl", cache_dir=str(tmp_path / "ix"))
+    assert ix.read(0, [9]) == ["document 9 in the cache"]
+    (name,) = entries(tmp_path)
+    entry = tmp_path / "node-cache" / "objects" / name
+    entry.write_bytes(entry.read_bytes().replace(b"document 9 ", b"dOcUmEnT 9 "))  # a flipped disk block
+    node_cache().close()  # as a new process: no copy open
+    with pytest.warns(RuntimeWarning, match=r"the copy of s3://.*a\.jsonl was corrupt.*dropped and fetched again"):
+        assert ix.read(0, [9, 8]) == ["document 9 in the cache", "document 8 in the cache"]
+    assert node_cache().stats["corrupt"] == 1 and entries(tmp_path) == [name]
+    assert entry.read_bytes() == LINES  # the copy is the object's again

@@ -6,6 +6,7 @@ such (not reported as a changed file)."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -132,3 +133,27 @@ def test_a_stall_on_a_process_workers_read_ends_within_the_timeout(server, tmp_p
             pool.submit(_read_in_worker, ix, 0, [3]).result(timeout=30)
         assert time.monotonic() - t0 < 20 and server.url("/d/a.jsonl") in str(e.value)
         server.stall_s = 0
+
+
+def test_a_short_or_long_body_is_retried_then_refused_naming_the_url(server, tmp_path):
+    server.short_next = 2  # two short answers, then the whole object: retried, the same index
+    ix = index(server, tmp_path / "a")
+    assert ix.num_records == len(LINES) and ix.read(0, [299]) == [TEXTS[299]]
+    for short_by in (300, -40):
+        server.short_next, server.short_by = 10**6, short_by
+        e = bounded(lambda d=tmp_path / f"b{short_by}": index(server, d)).get("error")
+        assert isinstance(e, DataError), e
+        assert server.url("/d/a.jsonl") in str(e) and f"not the object's {len(DATA)}" in str(e), e
+
+
+def test_a_short_body_into_the_node_cache_is_retried_then_refused(server, tmp_path, monkeypatch):
+    ix = index(server, tmp_path / "a")  # indexed directly; then the reads download into the cache
+    monkeypatch.setenv("ZEPHON_SHARD_CACHE", str(tmp_path / "node-cache"))
+    monkeypatch.setenv("ZEPHON_SHARD_AHEAD", "0")
+    server.short_next = 2  # the download: two short answers, then the whole object
+    assert ix.read(0, [0, 299]) == [TEXTS[0], TEXTS[299]]
+    assert server.short_next == 0 and len(os.listdir(tmp_path / "node-cache" / "objects")) == 1
+    monkeypatch.setenv("ZEPHON_SHARD_CACHE", str(tmp_path / "other-cache"))
+    server.short_next = 10**6
+    e = bounded(lambda: ix.read(0, [5])).get("error")
+    assert isinstance(e, DataError) and server.url("/d/a.jsonl") in str(e) and "not the object's" in str(e), e

@@ -328,10 +328,9 @@ def _word_level(folder, special: bool) -> str:
     return str(folder)
 
 
-def test_an_eos_that_plain_text_can_forge_is_warned_about_naming_the_token(tmp_path):
-    with pytest.warns(UserWarning) as seen:
+def test_an_eos_that_plain_text_can_forge_is_refused_naming_the_token(tmp_path):
+    with pytest.raises(ValueError, match=r"BOS id 2 \('<s>'\) .* ordinary vocabulary word '<s>'.*Fix: use a tokenizer"):
         TextTokenizer(_word_level(tmp_path / "ordinary", special=False))
-    assert any("plain text '</s>' to its EOS id 3" in str(w.message) for w in seen)
     import warnings as _w
 
     with _w.catch_warnings():

@@ -18,7 +18,8 @@ DOCS = [np.array([5, 6, 7]), np.array([], dtype=np.int64), np.array([9] * 10), n
 )
 def test_numpy_token_files_read_back_their_documents(tmp_path, name, dtype):
     write_tokens(str(tmp_path / name), DOCS, dtype=dtype)
-    ix = index_dataset("t", str(tmp_path / "*"), format="tokens")  # the offsets file is not a shard
+    kw = {"dtype": dtype} if name.endswith(".bin") else {}  # a raw .bin does not say its width
+    ix = index_dataset("t", str(tmp_path / "*"), format="tokens", **kw)  # the offsets file is not a shard
     assert isinstance(ix, TokenIndex) and ix.num_records == 4 and len(ix.shards) == 1
     got = ix.read(0, [3, 0, 2, 1])
     assert [g.tolist() for g in got] == [DOCS[i].tolist() for i in (3, 0, 2, 1)]
@@ -63,7 +64,7 @@ def test_bad_files_are_named(tmp_path):
     (tmp_path / "b.bin").write_bytes(b"\0" * 7)
     np.save(tmp_path / "b.offsets.npy", np.array([0, 2]))
     with pytest.raises(DataError, match="7 bytes do not hold the 2 ids"):
-        index_tokens("t", str(tmp_path / "b.bin"), "tokens")
+        index_tokens("t", str(tmp_path / "b.bin"), "tokens", dtype="uint16")
     write_megatron(str(tmp_path / "m"), [np.array([1, 2])])
     data = bytearray((tmp_path / "m.idx").read_bytes())
     data[0:1] = b"X"

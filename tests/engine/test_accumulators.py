@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from zephon import LaneContext
+from zephon.engine import LaneContext
 from zephon.engine.testing import ListSource, RangeSource, ToyPacker, check_node, toy_lane
 from zephon.nodes import Batch, WindowShuffle
 

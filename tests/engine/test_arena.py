@@ -20,8 +20,8 @@ import time
 import numpy as np
 import pytest
 
-from zephon import OrderedMapper, WorkerConfig
-from zephon.engine import WorkerPool, arena
+from zephon import WorkerConfig
+from zephon.engine import OrderedMapper, WorkerPool, arena
 from zephon.engine.arena import ArenaSet, arena_available, arena_worker_start, run_packed
 from zephon.engine.testing import AddOffset, RangeSource, _threads, assert_no_leaks
 
@@ -168,7 +168,8 @@ def _arena_mappers(tag: str) -> list[int]:
 CHILD = textwrap.dedent(
     """
     import json, os, sys, time
-    from zephon import OrderedMapper, WorkerConfig
+    from zephon import WorkerConfig
+    from zephon.engine import OrderedMapper
     from zephon.engine.testing import RangeSource
     sys.path.insert(0, {here!r})
     from test_arena import big_result

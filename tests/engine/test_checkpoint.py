@@ -8,12 +8,14 @@ import pickle
 
 import pytest
 
-from zephon import StateError, decode_state, encode_state
+from zephon import StateError
 from zephon.engine.checkpoint import (
     FORMAT_VERSION,
     MAX_ENTRY_BYTES,
     MAX_SHARED_BYTES,
     STATE_KEYS,
+    decode_state,
+    encode_state,
     lane_state,
     load_state,
     migrate,

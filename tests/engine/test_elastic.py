@@ -4,17 +4,10 @@ import functools
 
 import pytest
 
-from zephon import (
-    GlobalLoader,
-    Router,
-    StateError,
-    WorkerConfig,
-    batch_sha256,
-    decode_state,
-    divisors,
-    encode_state,
-    merge_states,
-)
+from zephon import GlobalLoader, StateError, WorkerConfig, batch_sha256
+from zephon.engine.checkpoint import decode_state, encode_state, merge_states
+from zephon.engine.lanes import divisors
+from zephon.engine.router import Router
 from zephon.engine.testing import toy_lane
 
 LANE = functools.partial(toy_lane, n=None)

@@ -147,17 +147,17 @@ def test_state_before_at_and_after_the_end_resumes_on_another_world_size(mode, c
 
 
 def test_the_counts_travel_in_the_checkpoint_and_are_adopted(counts):
-    class NoCounting(LaneSet):
-        def count_steps(self, **kw):
-            raise AssertionError("a resume must use the counts in the checkpoint, not recount")
+    class WrongCounts(LaneSet):
+        def count_steps(self, **kw):  # a resume must use the counts in the checkpoint
+            return [1] * LANES
 
     with GlobalLoader(lane_set("drop"), lanes=LANES, world_size=2, seed=3) as g:
         next(g)
         state = g.state_dict()
     assert state["shared"]["end"] == {"mode": "drop", "lane_steps": counts}
-    with GlobalLoader(NoCounting(uneven, end="drop"), lanes=LANES, world_size=4, seed=3, prefetch=2) as g:
-        template = g.state_dict()  # what DCP asks for before loading: must not start counting
-        assert template["shared"]["end"] == {"mode": "drop", "lane_steps": []}  # the same keys, not counted
+    with GlobalLoader(WrongCounts(uneven, end="drop"), lanes=LANES, world_size=4, seed=3, prefetch=2) as g:
+        template = g.state_dict()  # what DCP asks for before loading: counted, the shape of every step
+        assert template["shared"]["end"] == {"mode": "drop", "lane_steps": [1] * LANES}
         g.load_state_dict(state)
         assert len(run_to_end(g)) == min(counts) - 1
     # another end mode, or an infinite pipeline, refuses the checkpoint by name
@@ -238,19 +238,31 @@ def test_merge_states_at_the_end_agree_across_ranks(counts):
 
 @pytest.mark.parametrize("mode, prefetch", [("drop", 0), ("pad", 2)])
 def test_a_finite_router_keeps_its_state_keys_from_step_0(mode, prefetch):
-    # issue 20: the state gained shared.end after the first next(); now the end is there from
-    # the start with empty counts (no dry run before the first step), and every state resumes
+    # issue 20: the state gained shared.end after the first next(); issue 33: its counts were []
+    # until the first next() counted them. Now the lanes are counted on the reset before step 0
+    # (Router.count_end), so every state has the same keys and types (Grain's state-spec check)
     def make():
         return Router(lane_set(mode), lanes=4, world_size=2, rank=1, seed=3, prefetch=prefetch)
 
     check = check_node(make, every=3)
-    assert check.states[0]["shared"]["end"] == {"mode": mode, "lane_steps": []}
-    assert check.states[-1]["shared"]["end"]["lane_steps"]
+    assert check.states[0]["shared"]["end"] == check.states[-1]["shared"]["end"]
+    assert len(check.states[0]["shared"]["end"]["lane_steps"]) == 4
+    assert all(_spec(s) == _spec(check.states[0]) for s in check.states)
+
+
+def _spec(x):
+    """A state's structure as Grain's state-spec check compares it: keys, types, list lengths."""
+    if isinstance(x, dict):
+        return {k: _spec(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_spec(v) for v in x]
+    return type(x).__name__
 
 
 def test_an_uncounted_end_is_still_checked_on_restore():
     with Router(lane_set("drop"), lanes=4, seed=3) as r:
-        state = r.state_dict()  # before the first step: not counted
+        state = r.state_dict()  # before the first step
+    state = resealed(state, lambda raw: raw["shared"].update(end={"mode": "drop", "lane_steps": []}))  # uncounted
     for lanes, needle in [
         (lane_set("pad"), "end = 'drop' but the pipeline has end = 'pad'"),
         (LaneSet(uneven), "finite run"),

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from zephon import OrderedMapper, PipelineError, WorkerConfig, WorkerError
+from zephon import PipelineError, WorkerConfig, WorkerError
 from zephon.data import DataError
+from zephon.engine import OrderedMapper
 from zephon.engine.mapper import WorkerTraceback
 from zephon.engine.testing import RangeSource, _threads, assert_no_leaks, check_node
 
@@ -303,3 +304,23 @@ def test_restored_mapper_reports_the_state_it_was_given(workers):
     m.reset(s)
     assert m.state_dict() == s and list(m) == [x * x for x in range(5, 30)]
     m.close()
+
+
+def test_process_workers_see_the_environment_of_their_pools_start(monkeypatch):
+    """A forkserver child inherits the server's environment, fixed when the first pool of the
+    interpreter started it: a setting made later (storage credentials, ZEPHON_SHARD_CACHE) must
+    still reach the workers of a pool started after it."""
+    from zephon.engine.workers import WorkerPool
+
+    first = WorkerPool(WorkerConfig(1, backend="process"))
+    try:
+        assert first.submit(os.getpid).result(timeout=120) != os.getpid()  # the forkserver is up
+    finally:
+        first.close()
+    monkeypatch.setenv("ZEPHON_TEST_LATE_SETTING", "set after the forkserver started")
+    pool = WorkerPool(WorkerConfig(1, backend="process"))
+    try:
+        got = pool.submit(os.getenv, "ZEPHON_TEST_LATE_SETTING").result(timeout=120)
+    finally:
+        pool.close()
+    assert got == "set after the forkserver started"

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon import IndexPermutation
+from zephon.engine import IndexPermutation
 
 
 @settings(max_examples=60, deadline=None)

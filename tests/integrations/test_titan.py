@@ -253,6 +253,28 @@ def test_trainer_global_batch_check(recipe_path, tmp_path):
         sys.path.remove(HERE)
 
 
+@pytest.mark.parametrize("flag", ["dump_folder", "trainer_global_batch_size", "trainer_local_batch_size"])
+def test_internal_config_fields_are_not_command_line_flags(recipe_path, flag, capsys):
+    """The trainer's facts the config passes to its loader are plumbing, hidden from the command
+    line (tyro.conf.Suppress, as TorchTitan's own Trainer.Config.model_spec): not in --help, and
+    refused as a flag."""
+    from torchtitan.config import ConfigManager
+
+    sys.path.insert(0, HERE)
+    os.environ["ZEPHON_TEST_RECIPE"] = recipe_path
+    try:
+        base = ["--module", "titan_launcher", "--config", "zephon_llama3_cpu"]
+        with pytest.raises(SystemExit):
+            ConfigManager().parse_args([*base, "--help"])
+        shown = capsys.readouterr().out
+        assert "--dataloader.recipe" in shown and f"--dataloader.{flag}" not in shown
+        with pytest.raises(SystemExit):
+            ConfigManager().parse_args([*base, f"--dataloader.{flag}", "7"])
+    finally:
+        os.environ.pop("ZEPHON_TEST_RECIPE")
+        sys.path.remove(HERE)
+
+
 def test_state_roundtrip_across_world_sizes(recipe_path):
     """Save at W=4 after 2 steps (grad-accum 2), reload the DCP-merged entries at W=2, 8 and 1."""
     ref = _reference(recipe_path, 4)

@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("torchtitan")
 
 from zephon import Recipe, WorkerConfig
-from zephon.recipe import LoaderMetrics, RankBatches, metered
+from zephon.recipe import LoaderMetrics, RankBatches
+from zephon.recipe.loader_metrics import metered
 
 zt = pytest.importorskip("zephon.integrations.torchtitan")
 tm = pytest.importorskip("zephon.integrations.titan_metrics")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from zephon import ZNode
+from zephon.engine import ZNode
 from zephon.engine.testing import ListSource, check_node
 from zephon.nodes import IGNORE_INDEX, LABELS, Pack, TokDoc, WorkItem, row_spans
 

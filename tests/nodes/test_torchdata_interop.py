@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from torchdata.nodes import Batcher, IterableWrapper, Loader, ParallelMapper, Prefetcher
 
-from zephon.engine import OrderedMapper, WorkerConfig, close_node, upstream_nodes
+from zephon.engine import OrderedMapper, WorkerConfig
+from zephon.engine.node import close_node, upstream_nodes
 from zephon.engine.testing import RangeSource, assert_no_leaks, check_node
 from zephon.nodes import Batch, WindowShuffle
 

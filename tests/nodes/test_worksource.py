@@ -4,7 +4,7 @@ up to 1,024, one to many shards, empty shards, several epochs per lookahead wind
 import numpy as np
 import pytest
 
-from zephon import IndexPermutation
+from zephon.engine import IndexPermutation
 from zephon.nodes.worksource import DatasetPlan, LaneWorkSource, WeightSchedule, WorkPlan
 
 

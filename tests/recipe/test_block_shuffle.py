@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from shuffle_corpus import unequal_sizes, write_recipe, write_shards
 
-from zephon import Recipe, WorkerConfig, batch_sha256, decode_state, encode_state
+from zephon import Recipe, WorkerConfig, batch_sha256
 from zephon.data.datasets.shardio import ShardFiles
+from zephon.engine.checkpoint import decode_state, encode_state
 from zephon.nodes import global_batch_diversity
 
 CORPORA = {

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from zephon import Recipe, WorkerConfig, batch_sha256
-from zephon.data import CHAT_TOKENIZER, SHAREGPT_ROLES, DataError, load_chat_template
+from zephon.data import DataError
+from zephon.data.chat import CHAT_TOKENIZER, SHAREGPT_ROLES, load_chat_template
 from zephon.nodes import provenance_entry, row_spans
 from zephon.recipe import RecipeError
 from zephon.recipe.chat import realized_shares

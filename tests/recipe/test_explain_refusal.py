@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from text_fixtures import write_corpus, write_recipe
 
-from zephon import Recipe, StateError, decode_state, encode_state
+from zephon import Recipe, StateError
+from zephon.engine.checkpoint import decode_state, encode_state
 
 REGEX = """
 [[filters]]

@@ -16,9 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from zephon import Recipe, WorkerConfig, batch_sha256, decode_state, encode_state
+from zephon import Recipe, WorkerConfig, batch_sha256
 from zephon.data import BUNDLED_TOKENIZER
 from zephon.data.datasets import read_fields
+from zephon.engine.checkpoint import decode_state, encode_state
 from zephon.engine.testing import ListSource, check_node
 from zephon.nodes import Carried, FilterCounter, FilteredDoc, FilterRule, TokDoc, WorkItem
 from zephon.recipe import RecipeError
@@ -271,8 +272,10 @@ def test_filter_counter_with_stateful_rule_check_node():
 
 
 def test_readme_field_and_stateful_example_is_a_valid_recipe(root):
-    """The TOML of the README's "Metadata fields and stateful user functions" section validates."""
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+    """The TOML of the docs' "Metadata fields and stateful user functions" section validates."""
+    readme = open(
+        os.path.join(os.path.dirname(__file__), "..", "..", "docs", "filters-and-forks.md"), encoding="utf-8"
+    ).read()
     section = readme.split("### Metadata fields and stateful user functions", 1)[1]
     example = section.split("```toml\n", 1)[1].split("```", 1)[0]
     r = make(root, tomllib.loads(example)["filters"])

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from text_fixtures import write_corpus, write_recipe
 
-from zephon import Recipe, WorkerConfig, batch_sha256, decode_state, encode_state
+from zephon import Recipe, WorkerConfig, batch_sha256
+from zephon.engine.checkpoint import decode_state, encode_state
 from zephon.engine.testing import ListSource, check_node
 from zephon.nodes import FilterCounter, FilteredDoc, FilterError, TokDoc, WorkItem, duplicate_records
 from zephon.recipe import RecipeError
@@ -245,8 +246,10 @@ def test_ledger_diff_names_documents_only_in_each_side(corpus, base):
 
 
 def test_readme_filters_example_is_a_valid_recipe(corpus):
-    """The TOML of the README's "Filters and transforms" section, added to a recipe, validates and prepares."""
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+    """The TOML of the docs' "Filters and transforms" section, added to a recipe, validates and prepares."""
+    readme = open(
+        os.path.join(os.path.dirname(__file__), "..", "..", "docs", "filters-and-forks.md"), encoding="utf-8"
+    ).read()
     section = readme.split("## Filters and transforms", 1)[1]
     example = section.split("```toml\n", 1)[1].split("```", 1)[0]
     r = Recipe.from_toml(write_recipe(corpus, "readme.toml", extra=example))

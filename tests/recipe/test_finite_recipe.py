@@ -18,7 +18,8 @@ from text_fixtures import write_corpus, write_recipe
 from vl_fixtures import vl_config, write_vl_root
 
 import zephon.recipe.build as build_module
-from zephon import Recipe, RecipeError, StateError, batch_sha256, decode_state, encode_state
+from zephon import Recipe, RecipeError, StateError, batch_sha256
+from zephon.engine.checkpoint import decode_state, encode_state
 
 STOP = 'policy = "stop"\n'
 

@@ -8,7 +8,8 @@ import sys
 import pytest
 from text_fixtures import write_corpus, write_recipe
 
-from zephon import Recipe, StateError, WorkerConfig, batch_sha256, decode_state, encode_state
+from zephon import Recipe, StateError, WorkerConfig, batch_sha256
+from zephon.engine.checkpoint import decode_state, encode_state
 from zephon.engine.testing import check_node
 from zephon.recipe import RecipeError
 from zephon.tools.ledger import RecipeSteps
@@ -140,8 +141,10 @@ def test_bad_fork_sections(parent, section, message):
 
 
 def test_readme_fork_example_is_a_valid_fork(corpus, parent, reference):
-    """The TOML of the README's fork section, in the fork recipe, makes the same fork."""
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+    """The TOML of the docs' fork section, in the fork recipe, makes the same fork."""
+    readme = open(
+        os.path.join(os.path.dirname(__file__), "..", "..", "docs", "filters-and-forks.md"), encoding="utf-8"
+    ).read()
     example = readme.split("## Forks: continue a run", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
     r = fork_recipe(corpus, "readme.toml")
     raw = tomllib.loads(example)

@@ -19,7 +19,7 @@ from zephon.recipe import BadSamplesWarning
 from zephon.tools.cli import share_report
 from zephon.tools.demo import TOKENIZER_DIR
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "recipes.md"  # where the default fields are documented
 
 
 def _jsonl(path, rows):

@@ -13,7 +13,8 @@ import pytest
 
 from zephon import Recipe, WorkerConfig
 from zephon.engine import PipelineError
-from zephon.recipe import FollowerBatches, LeaderBatches, RankBatches
+from zephon.recipe import RankBatches
+from zephon.recipe.peers import FollowerBatches, LeaderBatches
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from text_fixtures import write_corpus, write_recipe

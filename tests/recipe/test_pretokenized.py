@@ -12,8 +12,9 @@ import sysconfig
 import numpy as np
 import pytest
 
-from zephon import Recipe, WorkerConfig, batch_sha256, decode_state, encode_state
+from zephon import Recipe, WorkerConfig, batch_sha256
 from zephon.data import BUNDLED_TOKENIZER, DataError, TextTokenizer, write_mds, write_megatron, write_tokens
+from zephon.engine.checkpoint import decode_state, encode_state
 from zephon.nodes import provenance_entry
 from zephon.recipe import BadSamplesWarning
 
@@ -57,7 +58,13 @@ def make(root, **changes):
         "shuffle": {"buffer": 8},
         "workers": {"count": 0},
         "datasets": [
-            {"name": "code_npy", "path": ["npy/*.npy", "npy/*.bin"], "format": "tokens", "weight": WEIGHTS["code_npy"]},
+            {
+                "name": "code_npy",
+                "path": ["npy/*.npy", "npy/*.bin"],
+                "format": "tokens",
+                "weight": WEIGHTS["code_npy"],
+                "dtype": "int32",
+            },
             {"name": "code_mega", "path": "c.bin", "format": "megatron", "weight": WEIGHTS["code_mega"]},
             {"name": "code_mds", "path": "mds", "format": "mds", "weight": WEIGHTS["code_mds"]},
             {"name": "web", "path": "web.jsonl", "weight": WEIGHTS["web"]},

@@ -12,8 +12,8 @@ import pytest
 
 from zephon import Recipe, RecipeError
 from zephon.data import TextTokenizer, index_dataset
-from zephon.recipe import LIMITS, max_workers
 from zephon.recipe.estimate import ESTIMATE_BYTES, estimate_tokens
+from zephon.recipe.keys import LIMITS, max_workers
 from zephon.tools.demo import TOKENIZER_DIR
 from zephon.tools.synth import generate_documents
 

@@ -15,6 +15,7 @@ from zephon.nodes import VisionConfig
 from zephon.recipe import RecipeError
 from zephon.recipe.keys import LIMITS, as_list, key, keys, meta
 from zephon.recipe.parse import parse_recipe, read_table
+from zephon.recipe.phases import BatchPhaseTable
 from zephon.recipe.spec import (
     DATASET_KEYS,
     TOP_KEYS,
@@ -43,7 +44,7 @@ MINIMAL = {
     "datasets": [{"name": "web", "path": "web/*.jsonl"}],
 }
 KEYED = [DatasetSpec, TokenizerSpec, PackSpec, ShuffleSpec, MixingSpec, RecipeSpec]
-TABLES = [WorkersTable, TokenizeTable, VisionTable, PhaseTable]
+TABLES = [WorkersTable, TokenizeTable, VisionTable, PhaseTable, BatchPhaseTable]
 
 
 def _no_default(f: dataclasses.Field) -> bool:
@@ -109,7 +110,7 @@ def test_workers_and_vision_defaults_are_the_lower_layers_own():
 
 def test_key_lists_are_the_dataclass_fields():
     assert [f.name for f in dataclasses.fields(DatasetSpec)] == DATASET_KEYS
-    assert [f.name for f in dataclasses.fields(RecipeSpec)][:11] + [
+    assert [f.name for f in dataclasses.fields(RecipeSpec)][:13] + [
         "tokenize",
         "vision",
         "cache_dir",

@@ -10,7 +10,9 @@ import pytest
 from state_edits import resealed
 from text_fixtures import write_corpus, write_recipe
 
-from zephon import LaneContext, Recipe, StateError, WorkerConfig, batch_sha256, decode_state, encode_state
+from zephon import Recipe, StateError, WorkerConfig, batch_sha256
+from zephon.engine import LaneContext
+from zephon.engine.checkpoint import decode_state, encode_state
 from zephon.engine.testing import check_node
 
 

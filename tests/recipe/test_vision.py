@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 from vl_fixtures import VISION_TOKENS, make_vl_tokenizer, vl_config, write_vl_root  # noqa: F401
 
-from zephon import LaneContext, Recipe, RecipeError, WorkerConfig, batch_sha256, decode_state, encode_state
+from zephon import Recipe, RecipeError, WorkerConfig, batch_sha256
 from zephon.data.datasets import DataError, index_multimodal
+from zephon.engine import LaneContext
+from zephon.engine.checkpoint import decode_state, encode_state
 from zephon.engine.mapper import OrderedMapper
 from zephon.engine.testing import check_node
 from zephon.nodes import MMPack, SkipCounter

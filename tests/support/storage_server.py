@@ -20,13 +20,17 @@ class FaultyServer:
     """``files``: path -> bytes (replace entries while running). Faults: ``fail_next`` (that many
     requests get a 500), ``drop_next`` (that many are cut off after the headers), ``stall_s``
     (every request waits that long before answering), ``ignore_range``, ``versions`` (send ETag
-    and Last-Modified). ``requests`` counts what the server saw."""
+    and Last-Modified), ``short_next`` (that many whole-object GETs get a well-formed body
+    ``short_by`` bytes short: its Content-Length says so; a negative ``short_by``: longer).
+    ``requests`` counts what the server saw."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
         self.fail_next = 0
         self.fail_always = False
         self.drop_next = 0
+        self.short_next = 0
+        self.short_by = 300
         self.stall_s = 0.0
         self.ignore_range = False
         self.versions = True
@@ -79,6 +83,12 @@ class FaultyServer:
                     end = min(len(data), int(b) + 1) if b else len(data)
                     status = 206
                 body = data[start:end]
+                if status == 200 and not head and server.short_next > 0:
+                    with server._lock:
+                        server.short_next -= 1
+                    body = (
+                        body[: len(body) - server.short_by] if server.short_by > 0 else body + b"x" * -server.short_by
+                    )
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
                 if status == 206:

@@ -55,6 +55,7 @@ def main() -> None:
     from torchtitan.components.optimizer.optimizer import default_adamw
 
     import zephon
+    from zephon.engine.lanes import lanes_of_rank
     from zephon.integrations.torchtitan import ZephonDataLoader
 
     loader = ZephonDataLoader.Config(recipe=args.recipe, read_once=not args.per_peer).build(
@@ -92,7 +93,7 @@ def main() -> None:
 
     os.makedirs(args.out, exist_ok=True)
     rows_per_lane = loader.recipe.rows_per_lane
-    owned = list(zephon.lanes_of_rank(loader.recipe.lanes, world, rank))
+    owned = list(lanes_of_rank(loader.recipe.lanes, world, rank))
     data_iter = iter(loader)
     name = f"hashes_rank{rank}.jsonl" if global_rank % tp == 0 else f"peer_hashes_rank{global_rank}.jsonl"
     with open(os.path.join(args.out, name), "a", encoding="utf-8") as f:

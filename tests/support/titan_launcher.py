@@ -154,13 +154,14 @@ class HashingZephonDataLoader(zt.ZephonDataLoader):
 
     def on_local_batch(self, step, batch) -> None:
         owned = self.batches.lanes
-        hashes = lane_hashes(batch, owned, self.recipe.rows_per_lane)
+        hashes = lane_hashes(batch, owned, self.recipe.rows_per_lane_at(step - 1))
         _append(
             "hashes",
             {
                 "step": int(step),
                 "dp_rank": self.dp_rank,
                 "dp_world_size": self.dp_world_size,
+                "rows": len(batch["input"]),
                 "lanes": {str(k): v for k, v in hashes.items()},
             },
         )
@@ -176,9 +177,22 @@ def zephon_llama3_cpu():
     return config
 
 
+def zephon_ramp_cpu():
+    """The same on a recipe whose [[batch_schedule]] changes the global batch: with_zephon's
+    returned config (a ZephonTrainer's: gradient accumulation per step follows the recipe)."""
+    recipe = os.environ["ZEPHON_TEST_RECIPE"]
+    config = zt.with_zephon(
+        zdemo.zephon_llama3_debug(), recipe, local_batch_size=int(os.environ.get("ZEPHON_TEST_LBS", "2"))
+    )
+    config.dataloader = HashingZephonDataLoader.Config(recipe=recipe)
+    _cpu_common(config)
+    return config
+
+
 def zephon_chat_cpu():
     """The same on a chat recipe ($ZEPHON_TEST_RECIPE): the chat tokenizer (ChatML tokens) and its vocabulary."""
-    from zephon.data import CHAT_TOKENIZER, TextTokenizer
+    from zephon.data import TextTokenizer
+    from zephon.data.chat import CHAT_TOKENIZER
 
     config = zephon_llama3_cpu()
     config.hf_assets_path = CHAT_TOKENIZER

@@ -45,6 +45,11 @@ def smoke(tmp_path_factory):
 def test_results_files_written(smoke):
     out, _ = smoke
     assert_files(out, "text_smoke")
+    # stamped: the commit, machine and command that made them (benchmarks/stamp.py)
+    st = json.loads((out / "text_smoke.json").read_text())["stamp"]
+    assert st["from"] == "run" and len(st["commit"]) == 40 and "--size smoke" in st["command"], st
+    assert {"cores", "loadavg_start"} <= set(st["machine"])
+    assert f"_Made at commit `{st['commit'][:12]}`" in (out / "text_smoke.md").read_text()
 
 
 def test_markdown_is_well_formed(smoke):

@@ -85,7 +85,12 @@ def test_each_layer_has_a_sorted_public_surface(package):
 
 
 def test_the_data_layer_lists_its_packages_names():
+    """The layer's face re-exports what a user composes with from its modules (constants and
+    helpers stay public in :mod:`zephon.data.datasets`, ``.chat`` and ``.tokenizer``)."""
     import zephon.data
+    import zephon.data.chat
     import zephon.data.datasets
+    import zephon.data.tokenizer
 
-    assert set(zephon.data.datasets.__all__) <= set(zephon.data.__all__)
+    own = set(zephon.data.datasets.__all__) | set(zephon.data.chat.__all__) | set(zephon.data.tokenizer.__all__)
+    assert set(zephon.data.__all__) <= own

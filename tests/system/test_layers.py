@@ -245,7 +245,7 @@ def test_regular_wheel_ships_nodes_only_as_zephon_nodes(tmp_path):
         check=True,
         capture_output=True,
     )
-    (whl,) = tmp_path.glob("zephon-*.whl")
+    (whl,) = tmp_path.glob("zephon_loader-*.whl")  # the distribution zephon-loader
     names = zipfile.ZipFile(whl).namelist()
     assert not [n for n in names if n.startswith("nodes/")]
     for needed in (

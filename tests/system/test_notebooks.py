@@ -103,3 +103,28 @@ def test_volatile_fields_are_masked_and_the_rest_compared():
     assert runner.differences(nb, other) == []
     cell2.outputs[1]["text"] = "hash 00\n"
     assert runner.differences(nb, other)
+
+
+def test_machine_paths_are_scrubbed_from_outputs():
+    """The scratch folder, the package and the checkout are written as placeholders, so a committed
+    notebook carries no machine paths, and the committed and a fresh run still compare equal."""
+    scratch = "/tmp/znb-ab12"
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x")
+    pkg = str(pathlib.Path(runner.zephon.__file__).parent)
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text=f"{scratch}/demo-x1/demo.toml\n{pkg}/data/assets\n"),
+        nbformat.v4.new_output("display_data", data={"text/html": f"<code>{scratch}/demo-x1/web</code>"}),
+    ]
+    nb.cells = [cell]
+    runner.scrub(nb, runner.machine_paths(scratch))
+    assert cell.outputs[0]["text"] == "<tmp>/demo-x1/demo.toml\n<zephon>/data/assets\n"
+    assert cell.outputs[1]["data"]["text/html"] == "<code><tmp>/demo-x1/web</code>"
+    fresh = nbformat.v4.new_notebook()
+    cell2 = nbformat.v4.new_code_cell("x")
+    cell2.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="/tmp/znb-zz/demo-y2/demo.toml\n<zephon>/data/assets\n"),
+        nbformat.v4.new_output("display_data", data={"text/html": "<code><tmp>/demo-y2/web</code>"}),
+    ]
+    fresh.cells = [cell2]
+    assert runner.differences(nb, fresh) == []

@@ -13,7 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_reliability import make_data
 
-from zephon import LaneContext, Recipe, WorkerConfig, batch_sha256, decode_state, encode_state
+from zephon import Recipe, WorkerConfig, batch_sha256
+from zephon.engine import LaneContext
+from zephon.engine.checkpoint import decode_state, encode_state
 from zephon.tools.demo import TOKENIZER_DIR
 from zephon.tools.synth import generate_documents, write_text_lines
 

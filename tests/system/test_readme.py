@@ -1,7 +1,11 @@
-"""The README's Python examples run as written; every TOML block of the docs is a valid recipe (or fragment)."""
+"""The README's and the docs' Python examples run as written; every TOML block of the docs is a valid
+recipe (or fragment); every shell block parses; the README is a first page (<= 200 lines) whose links
+and anchors resolve."""
 
 import pathlib
 import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -29,7 +33,80 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
 
 # -- every TOML block of the documentation parses and validates -------------------------------
 ROOT = README.parent
-DOCS = [README, *sorted((ROOT / "docs").rglob("*.md")), *sorted(ROOT.glob("*/README.md"))]
+DOCS = [
+    README,
+    *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts),
+    *sorted(ROOT.glob("*/README.md")),
+]
+
+
+def fenced(lang):
+    """``(path, index, source)`` of every ```lang block of the docs, each source once (a block the
+    README shows and a page repeats runs once)."""
+    out, seen = [], set()
+    for path in DOCS:
+        for i, src in enumerate(re.findall(rf"```{lang}\n(.*?)```", path.read_text(), flags=re.S)):
+            if src not in seen:
+                seen.add(src)
+                out.append(pytest.param(path, src, id=f"{path.relative_to(ROOT)}#{i + 1}"))
+    return out
+
+
+@pytest.mark.parametrize("path,src", [p for p in fenced("python") if p.values[0] != README])
+def test_docs_python_examples_run(path, src, tmp_path, monkeypatch):
+    """Every Python block of the docs pages runs as written (the README's run above)."""
+    monkeypatch.chdir(tmp_path)
+    src = src.replace("/tmp/zephon-demo", str(tmp_path / "demo"))
+    exec(compile(src, str(path), "exec"), {"__name__": "docs"})
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.parametrize("path,src", fenced("bash"))
+def test_shell_blocks_parse(path, src):
+    """Every shell block of the README and the docs is valid bash (``bash -n``)."""
+    out = subprocess.run(["bash", "-n"], input=src, capture_output=True, text=True)
+    assert out.returncode == 0, f"{path}: {out.stderr}"
+
+
+def slug(heading):
+    """A heading's anchor as GitHub and MyST (``myst_heading_anchors``) make it."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path):
+    body = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {slug(h) for h in re.findall(r"(?m)^#{1,6} (.+)$", body)}
+
+
+def test_readme_is_a_first_page():
+    """What, whom, how it compares, the two commands (exactly), a quickstart, TorchTitan, a picture, links."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    head = text.split("## The two commands")[0]
+    assert "| | zephon | Grain | torchdata.nodes | Mosaic Streaming | Energon | TorchTitan 0.3 loader |" in head
+    assert "bash scripts/demo.sh     # " in text and "bash scripts/test.sh     # " in text
+    assert "pip install zephon" not in text and 'pip install "zephon' not in text
+    assert "with_zephon" in text and "![" in text and "docs/reference/recipe.md" in text
+
+
+@pytest.mark.parametrize("path", [README, *sorted(ROOT.glob("*/README.md"))], ids=lambda p: str(p.relative_to(ROOT)))
+def test_readme_links_resolve(path):
+    """Every relative link of a README names a file that exists, and its #anchor a heading there."""
+    links = re.findall(r"\]\(([^)\s]+)\)", re.sub(r"```.*?```", "", path.read_text(), flags=re.S))
+    assert links or path != README
+    for link in links:
+        if re.match(r"[a-z]+:", link):
+            continue
+        target, _, anchor = link.partition("#")
+        file = (path.parent / target).resolve() if target else path
+        assert file.exists(), f"{path.name}: link {link!r}: no {file}"
+        if anchor:
+            assert anchor in anchors(file), (
+                f"{path.name}: link {link!r}: no heading with anchor {anchor!r} in {file.name}"
+            )
+
+
 #: what a fragment (a block without the top-level keys, e.g. a [[datasets]] and its [vision]) is
 #: completed with before validation
 BASE = {"seed": 1, "lanes": 16, "seq_len": 512, "global_batch_size": 32, "datasets": []}

@@ -15,12 +15,12 @@ import time
 import pytest
 from state_edits import node_of, unsealed
 
-from zephon import Recipe, StateError, WorkerConfig, batch_sha256, decode_state, encode_state
+from zephon import Recipe, StateError, WorkerConfig, batch_sha256
 from zephon.data.datasets import DataError
 from zephon.engine import WorkerPool
-from zephon.engine.checkpoint import FORMAT_VERSION, migrate
+from zephon.engine.checkpoint import FORMAT_VERSION, decode_state, encode_state, migrate
 from zephon.nodes import skip_hint
-from zephon.recipe import LANE_MIGRATIONS
+from zephon.recipe.migrations import LANE_MIGRATIONS
 from zephon.tools.demo import TOKENIZER_DIR
 from zephon.tools.synth import generate_documents, write_parquet
 
@@ -148,7 +148,7 @@ def test_one_epoch_skips_exactly_the_bad_records(data):
     r = recipe(root, policy="stop").replace(global_batch_size=4, data_version=1)
     total = 0
     by_reason = {}
-    from zephon import LaneContext
+    from zephon.engine import LaneContext
 
     for lane in range(r.lanes):
         node = r.build_lane(LaneContext(seed=r.seed, lane=lane, lanes=r.lanes))
@@ -301,7 +301,15 @@ def test_keyboard_interrupt_leaves_no_worker_processes(data, tmp_path):
     root, _ = data
     script = tmp_path / "interrupt.py"
     script.write_text(INTERRUPT_SCRIPT.format(tests=os.path.dirname(__file__), root=root))
-    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a test runner's worker process (pytest-xdist) may ignore SIGINT, and a child inherits an
+    # ignored signal: Python then installs no KeyboardInterrupt handler. Ctrl-C's default restored
+    p = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     pids = json.loads(p.stdout.readline())
     assert pids, "the loader should have started worker processes"
     p.send_signal(signal.SIGINT)
@@ -363,7 +371,7 @@ def test_a_lost_worker_is_seen_without_the_executor():
 
 
 def test_skip_counter_and_work_source_restore_at_every_step(data):
-    from zephon import OrderedMapper
+    from zephon.engine import OrderedMapper
     from zephon.engine.testing import check_node
     from zephon.nodes import SkipCounter
     from zephon.nodes.worksource import LaneWorkSource

@@ -10,7 +10,8 @@ import threading
 import pytest
 from test_reliability import make_data, recipe
 
-from zephon import WorkerConfig, batch_sha256, decode_state, encode_state
+from zephon import WorkerConfig, batch_sha256
+from zephon.engine.checkpoint import decode_state, encode_state
 
 
 def rss_mb() -> float:

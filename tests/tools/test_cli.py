@@ -1,24 +1,20 @@
 """The zephon command: demo, hashes (save / resume on another W), inspect, errors."""
 
 import json
-import subprocess
-import sys
+import os
 
 import pytest
 from text_fixtures import write_corpus, write_recipe
+from warm_process import run_zephon
 
 
 def zephon(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "zephon", *map(str, args)], capture_output=True, text=True, timeout=timeout
-    )
+    return run_zephon(*args, timeout=timeout)  # a fresh process, without the 2-4 s of imports
 
 
 @pytest.fixture(scope="module")
-def recipe_path(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli")
-    write_corpus(str(root))
-    return write_recipe(str(root))
+def recipe_path(text_corpus):
+    return os.path.join(text_corpus, "recipe.toml")  # the run's shared corpus (tests/conftest.py)
 
 
 def test_demo(tmp_path):
@@ -26,6 +22,15 @@ def test_demo(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "identical across world sizes, workers and resume: YES" in out.stdout
     assert "row 0:" in out.stdout
+    # what a newcomer just saw: the batch, the elastic check's verdict, the recipe, what next, what to read
+    for needle in (
+        "a global batch: 32 rows of 256 tokens",
+        "the elastic check passed",
+        "demo.toml (16 lanes",
+        "zephon inspect",
+        "Read next: docs/",
+    ):
+        assert needle in out.stdout, needle
 
 
 def steps(out):
@@ -179,7 +184,7 @@ def test_hashes_past_the_end_of_a_finite_recipe(finite_path, tmp_path):
 
 
 def test_every_option_says_what_it_does():
-    from zephon.tools.cli import _parser
+    from zephon.tools.cli import build_parser as _parser
 
     missing, stack = [], [("zephon", _parser())]
     while stack:

@@ -127,7 +127,7 @@ def test_provenance_reproduces_tokens_from_cited_bytes(corpus):
 
 
 def test_node_chain_repr(corpus):
-    from zephon import LaneContext
+    from zephon.engine import LaneContext
 
     r = Recipe.from_toml(write_recipe(corpus, "repr.toml"))
     lane = r.build_lane(LaneContext(seed=r.seed, lane=0, lanes=r.lanes))

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
-from text_fixtures import write_corpus, write_recipe
 
 from zephon import Recipe, WorkerConfig
 
 
 @pytest.fixture(scope="module")
-def recipe(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mp")
-    write_corpus(str(root))
-    return Recipe.from_toml(write_recipe(str(root)))
+def recipe(text_corpus):
+    return Recipe.from_toml(os.path.join(text_corpus, "recipe.toml"))  # the run's shared corpus
 
 
 def test_metrics_per_node(recipe):

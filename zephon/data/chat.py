@@ -29,7 +29,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,24 @@ _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 class ConversationError(ValueError):
     """A conversation that cannot be trained on; the message says which message and why."""
+
+
+def _strings(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
+    """Every string in a message or the tools (keys included), with the path of its field.
+
+    >>> list(_strings({"name": "x", "tool_calls": [{"id": "c1"}]}))
+    [('name', 'name'), ('name', 'x'), ('tool_calls', 'tool_calls'), ('tool_calls[0].id', 'id'), ('tool_calls[0].id', 'c1')]
+    """
+    if isinstance(value, str):
+        yield key, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            sub = f"{key}.{k}" if key else str(k)
+            yield sub, str(k)
+            yield from _strings(v, sub)
+    elif isinstance(value, (list, tuple)):
+        for j, v in enumerate(value):
+            yield from _strings(v, f"{key}[{j}]")
 
 
 def _roles_of(raw: list[Any], fmt: str) -> list[dict[str, Any]]:
@@ -305,20 +323,22 @@ class ChatRenderer:
         return texts[0], (spans[0] if spans else [])
 
     def check_specials(self, conv: dict[str, Any]) -> None:
-        """Refuse a conversation whose text spells a special token (it would forge a turn)."""
+        """Refuse a conversation whose text spells a special token (it would forge a turn): in any
+        field a template can render (a message's content, name, tool calls, any other key; the tools)."""
         for i, m in enumerate(conv["messages"]):
-            blob = json.dumps(m, ensure_ascii=False) if m.get("tool_calls") else (m.get("content") or "")
+            for key, text in _strings(m):
+                for sp in self.specials:
+                    if sp in text:
+                        raise ConversationError(
+                            f"message {i} ({m['role']}) spells the special token {sp!r} in its field {key!r}; remove "
+                            "it from the data (a message may not forge a turn boundary)"
+                        )
+        for key, text in _strings(conv.get("tools") or []):
             for sp in self.specials:
-                if sp in blob:
+                if sp in text:
                     raise ConversationError(
-                        f"message {i} ({m['role']}) spells the special token {sp!r}; remove it from the data "
-                        "(a message may not forge a turn boundary)"
+                        f"the tools ({key!r}) spell the special token {sp!r}; remove it from the data"
                     )
-        if conv.get("tools"):
-            blob = json.dumps(conv["tools"], ensure_ascii=False)
-            for sp in self.specials:
-                if sp in blob:
-                    raise ConversationError(f"the tools spell the special token {sp!r}; remove it from the data")
 
     def assistant_spans(self, conv: dict[str, Any]) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the character span of each assistant turn (module doc)."""

@@ -27,7 +27,6 @@ import json
 import os
 import stat
 import threading
-import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -84,6 +83,20 @@ def set_tokenizers_parallelism(enabled: bool) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if enabled else "false"
 
 
+def _word_of_id(tok: Any, tid: int, name: str, opted_in: bool = False) -> str | None:
+    """An ordinary word with the id ``tid`` of the special token ``name``: a word of the model's
+    own vocabulary with that id (but ``name``, which a model vocabulary may list too), or ``name``
+    itself when plain text encodes to it (unless ``opted_in``: ``special_tokens_in_text``, where
+    the token's own text is meant to give its id); None when only the special token reaches it."""
+    for w, i in tok.get_vocab(with_added_tokens=False).items():
+        if i == tid and w != name:
+            try:
+                return str(tok.decoder.decode([w])) if tok.decoder is not None else w
+            except Exception:  # a decoder that cannot decode a lone piece: the piece's own spelling
+                return w
+    return name if not opted_in and tok.encode(name, add_special_tokens=False).ids == [tid] else None
+
+
 def _token_content(v: Any) -> str | None:
     """tokenizer_config.json stores tokens as "<s>" or {"content": "<s>", ...}."""
     if v is None:
@@ -103,10 +116,10 @@ class TextTokenizer:
             the ``tokenizer.json`` file itself (a sibling ``tokenizer_config.json`` is read if
             present), or a folder that ``transformers.AutoTokenizer`` loads offline with a fast
             tokenizer (used when there is no ``tokenizer.json``).
-        add_bos / add_eos: put ``bos_id`` before / ``eos_id`` after every document.
-        bos_token / eos_token: name the special tokens explicitly (override the config).
+        add_bos, add_eos: put ``bos_id`` before / ``eos_id`` after every document.
+        bos_token, eos_token: name the special tokens explicitly (override the config).
         special_tokens_in_text: False (the default): the text of a special token inside a
-            document, e.g. "<|eos|>", is encoded as plain text (``Tokenizer.encode_special_tokens``),
+            document, e.g. ``<|eos|>``, is encoded as plain text (``Tokenizer.encode_special_tokens``),
             so raw documents cannot forge document boundaries or image placeholders. True (the
             Hugging Face behaviour, an explicit opt-in: ``[tokenizer] special_tokens_in_text =
             true``) gives such text the special token's id. Part of the fingerprint.
@@ -141,6 +154,9 @@ class TextTokenizer:
         self._check_forgeable(tok)
         self.vocab_size = int(tok.get_vocab_size(with_added_tokens=True))
         self.fingerprint = self._fingerprint(tok)
+        #: the tokenizer's identity: a hash of its content alone (not the BOS/EOS policy), which
+        #: data version 4 puts in the data definition (a fork or resume under another is refused)
+        self.identity = hashlib.sha256(self._json_bytes).hexdigest()[:16]
         self._fast = hasattr(tok, "encode_batch_fast")
 
     # ------------------------------------------------------------------ loading
@@ -247,22 +263,23 @@ class TextTokenizer:
                 )
 
     def _check_forgeable(self, tok) -> None:
-        """Warn when plain text encodes to the BOS or EOS id: a tokenizer whose EOS is an ordinary
-        vocabulary word (not an added special token) lets a document forge a document boundary."""
+        """Refuse a BOS or EOS id that plain text encodes to: a tokenizer whose EOS is an ordinary
+        vocabulary word (not an added special token), or whose EOS id is also a word's id, lets a
+        document forge a document boundary."""
         for kind, name, tid, used in (
             ("BOS", self.bos_token, self.bos_id, self.add_bos),
             ("EOS", self.eos_token, self.eos_id, self.add_eos),
         ):
             if not used or name is None or tid is None:
                 continue
-            if tok.encode(name, add_special_tokens=False).ids == [tid]:
-                warnings.warn(
-                    f"zephon: the tokenizer at {self.path!r} encodes the plain text {name!r} to its {kind} id {tid}: "
-                    f"the {kind} token is an ordinary vocabulary word, not a special token, so a document that "
-                    f"contains {name!r} is indistinguishable from a document boundary. Use a tokenizer whose "
-                    f"{kind} is an added special token (tokenizer.json 'added_tokens' with \"special\": true), or "
-                    f"name another with {kind.lower()}_token",
-                    stacklevel=3,
+            word = _word_of_id(tok, tid, name, self.special_tokens_in_text)
+            if word is not None:
+                raise ValueError(
+                    f"the {kind} id {tid} ({name!r}) of the tokenizer at {self.path!r} is also the id of the "
+                    f"ordinary vocabulary word {word!r}: plain text {word!r} in a document would be "
+                    f"indistinguishable from a document boundary. Fix: use a tokenizer whose {kind} is "
+                    f"an added special token with an id of its own (tokenizer.json 'added_tokens' with \"special\": "
+                    f"true), name another with {kind.lower()}_token, or set add_{kind.lower()} = false"
                 )
 
     def fingerprint_with(self, special_tokens_in_text: bool) -> str:
@@ -302,6 +319,7 @@ class TextTokenizer:
         "pad_id",
         "vocab_size",
         "fingerprint",
+        "identity",
     )
 
     def __getstate__(self) -> dict:

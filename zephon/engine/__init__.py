@@ -35,30 +35,12 @@ A synthetic pipeline of 8 lanes, checkpointed on 4 ranks and resumed on 2:
 from .accumulator import Accumulator
 from .lanes import LaneContext
 from .mapper import OrderedMapper, WorkerError
-from .node import (
-    ANCHOR,
-    EXTRA,
-    SINCE,
-    UPSTREAM,
-    PipelineError,
-    StateError,
-    ZNode,
-    check_state_keys,
-    close_node,
-    state_int,
-    state_ints,
-    state_node,
-    upstream_nodes,
-)
+from .node import PipelineError, StateError, ZNode
 from .permute import IndexPermutation
-from .seeding import lane_rng, seed_sequence, stable_u64
+from .seeding import lane_rng
 from .workers import ProcessLocal, WorkerConfig, WorkerPool
 
 __all__ = [
-    "ANCHOR",
-    "EXTRA",
-    "SINCE",
-    "UPSTREAM",
     "Accumulator",
     "IndexPermutation",
     "LaneContext",
@@ -70,13 +52,5 @@ __all__ = [
     "WorkerError",
     "WorkerPool",
     "ZNode",
-    "check_state_keys",
-    "close_node",
     "lane_rng",
-    "seed_sequence",
-    "stable_u64",
-    "state_int",
-    "state_ints",
-    "state_node",
-    "upstream_nodes",
 ]

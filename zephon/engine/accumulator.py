@@ -103,7 +103,7 @@ class Accumulator(ZNode[Any]):
 
     def load_extra_state(self, extra: dict[str, Any]) -> None:
         """Restore what :meth:`extra_state` returned (check every value: it comes from a file;
-        :func:`zephon.engine.state_int` and :func:`zephon.engine.check_state_keys` help)."""
+        :func:`zephon.engine.node.state_int` and :func:`zephon.engine.node.check_state_keys` help)."""
         if extra:
             raise StateError(f"{self!r}: state field 'extra' must be empty for this node, got {sorted(extra)}")
 

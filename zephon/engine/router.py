@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
+import logging
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -25,6 +27,8 @@ from .lanes import LaneBuilder, LaneContext, LaneSet, check_world_size, lanes_of
 from .node import PipelineError, StateError, ZNode, close_node, upstream_nodes
 from .prefetch import Prefetcher
 from .workers import PoolSet, WorkerConfig
+
+_LOG = logging.getLogger("zephon")
 
 __all__ = ["GlobalLoader", "Router", "lane_counts"]
 
@@ -71,8 +75,9 @@ class Router(ZNode[Any]):
 
     ``prefetch=N``: the router's steps run up to N local batches ahead on a :class:`Prefetcher`
     (a wrapper node); ``state_dict()`` is still the state after the last delivered batch. A
-    finite run's state carries ``shared.end`` from step 0, with empty counts until the lanes
-    are counted (on the first ``next()``), so its keys never change.
+    finite run's lanes are counted (:meth:`count_end`) when it starts from the beginning, before
+    its first batch (on the reset that the first ``next()`` or ``state_dict()`` makes), so its
+    state carries the counts in ``shared.end`` from step 0 and has one shape at every step.
 
     Thread-safe between ``next()``, ``state_dict()`` and ``reset()`` (one lock): a state taken
     from another thread (a checkpointer, before the first batch or during iteration) is the
@@ -144,6 +149,20 @@ class Router(ZNode[Any]):
         cache already gave the counts."""
         return self.lane_set.lane_end(lanes=self.lanes, seed=self.seed, workers=self.workers, pools=self.pools)
 
+    def count_end(self) -> LaneEnd | None:
+        """Count a finite run's micro-batches per lane now (a dry run of every lane with this
+        rank's workers, unless a checkpoint or the cache already gave the counts), with a
+        progress line on the ``zephon`` logger: the explicit step before the first batch that
+        gives the state its final shape from step 0. None for a run that never ends."""
+        if self.lane_set.end_mode is None or self.lane_set.known_end is not None:
+            return self.lane_set.known_end
+        _LOG.info("zephon: counting the micro-batches of each of the %d lanes (a finite run's end) ...", self.lanes)
+        t0 = time.perf_counter()
+        end = self.end
+        if end is not None:
+            _LOG.info("zephon: the run ends after %d steps (counted in %.1f s)", end.steps, time.perf_counter() - t0)
+        return end
+
     @property
     def ended(self) -> bool:
         """Whether every step of a finite run has been delivered (never starts a count)."""
@@ -177,7 +196,7 @@ class Router(ZNode[Any]):
         if fv != FORMAT_VERSION:
             raise StateError(
                 f"checkpoint format_version is {fv!r}, this zephon reads {FORMAT_VERSION}; "
-                "load it through zephon.decode_state and a pipeline that knows its migrations"
+                "load it through zephon.engine.checkpoint.decode_state and a pipeline that knows its migrations"
             )
         if state.get("lanes") != self.lanes:
             raise StateError(
@@ -216,6 +235,8 @@ class Router(ZNode[Any]):
             self._reset(initial_state)
 
     def _reset(self, initial_state: dict[str, Any] | None) -> None:
+        if initial_state is None:  # a start from the beginning: a finite run's end first
+            self.count_end()
         super().reset(initial_state)
         # resets the lanes (_reset_lanes), through the Prefetcher when prefetching: it stops its
         # thread first and starts it on the first next(), so a reset only followed by a restore
@@ -243,7 +264,7 @@ class Router(ZNode[Any]):
         if missing:
             raise StateError(
                 f"rank {self.rank}/{self.world_size} needs {len(missing)} lane entries that the checkpoint lacks "
-                f"(first: {missing[0]}); merge the states of all ranks that wrote it (zephon.merge_states)"
+                f"(first: {missing[0]}); merge the states of all ranks that wrote it (zephon.engine.checkpoint.merge_states)"
             )
         if lane_set is not self.lane_set:
             self._close_lanes()

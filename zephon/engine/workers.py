@@ -85,6 +85,16 @@ class WorkerConfig:
             )
 
 
+def _parent_environment(env: dict[str, str]) -> None:
+    """A worker-start step: the worker's environment is its parent's at the pool's start. Why: a
+    forkserver child inherits the server's environment, fixed when the server started (the first
+    process pool of this interpreter), so a setting made later (``ZEPHON_SHARD_CACHE``, storage
+    credentials, a notebook's ``os.environ[...] = ...``) would reach the main process and not
+    its workers."""
+    os.environ.clear()
+    os.environ.update(env)
+
+
 def _run_worker_starts(steps: Sequence[WorkerStart]) -> None:
     """The one initializer of a process pool: run its worker-start steps in order, so that
     independent set-up steps (result arenas, a parent-death watch, ...) compose."""
@@ -213,7 +223,8 @@ class WorkerPool:
             # of this (threaded) process
             ctx.set_forkserver_preload(["zephon"])
         # the lifeline first: a worker dies with the main process even while a later step runs
-        steps: list[WorkerStart] = [(_lifeline, (os.getpid(),)), *self._worker_starts]
+        steps: list[WorkerStart] = [(_lifeline, (os.getpid(),)), (_parent_environment, (dict(os.environ),))]
+        steps += self._worker_starts
         self.arenas = self._start_arenas()
         if self.arenas is not None:
             steps.append((arena_worker_start, self.arenas.initargs()))

@@ -6,7 +6,7 @@ context and tensor-parallel peers of that DP rank, and they train on the same ro
 :meth:`DistPeerLink.for_dp_rank` finds them by gathering every rank's ``dp_rank`` once (so it
 needs no knowledge of the mesh's layout and works for any trainer that passes ``dp_rank``),
 makes one gloo group per DP rank (a CPU group also under NCCL: the batch is numpy on the host),
-and names the lowest global rank of each group its leader (:class:`zephon.recipe.LeaderBatches`).
+and names the lowest global rank of each group its leader (:class:`zephon.recipe.peers.LeaderBatches`).
 
 Per recipe step the leader makes two broadcasts: the sizes, then one buffer holding a small pickled
 header (step, lane digests, the fields that are not plain arrays, such as ``provenance``) and every
@@ -29,7 +29,7 @@ __all__ = ["DistPeerLink"]
 
 
 class DistPeerLink:
-    """A :class:`zephon.recipe.PeerLink` over a ``torch.distributed`` group of peers.
+    """A :class:`zephon.recipe.peers.PeerLink` over a ``torch.distributed`` group of peers.
 
     ``ranks``: the global ranks of the group, leader first (the lowest)."""
 

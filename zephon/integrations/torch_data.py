@@ -112,13 +112,17 @@ class ZephonIterableDataset(IterableDataset):
             world_size, rank = _dist_layout()
         self.world_size, self.rank = int(world_size), int(rank)
         lanes = lanes_of_rank(self.recipe.lanes, self.world_size, self.rank)
+        self._lanes = len(lanes)
+        #: rows of recipe step 0 this rank gets (:meth:`rows_at` for a ``[[batch_schedule]]``)
         self.rows_per_step = self.recipe.rows_per_lane * len(lanes)
         lbs = self.rows_per_step if local_batch_size is None else int(local_batch_size)
-        if lbs < 1 or self.rows_per_step % lbs:
-            raise ValueError(
-                f"rank {self.rank} of {self.world_size} gets {self.rows_per_step} rows per recipe step, which "
-                f"local_batch_size = {lbs} does not divide; use one of {divisors(self.rows_per_step)}"
-            )
+        for step, g, _ in self.recipe.batch_phases:
+            rows = g // self.recipe.lanes * len(lanes)
+            if lbs < 1 or rows % lbs:
+                raise ValueError(
+                    f"rank {self.rank} of {self.world_size} gets {rows} rows per recipe step (from step {step}), "
+                    f"which local_batch_size = {lbs} does not divide; use one of {divisors(rows)}"
+                )
         if style not in STYLES:
             raise ValueError(f"style must be one of {STYLES}, got {style!r}")
         self.local_batch_size, self.workers, self.style = lbs, workers, style
@@ -131,6 +135,18 @@ class ZephonIterableDataset(IterableDataset):
         self._prev_anchor: dict[str, Any] | None = None  # ... and before the step before it
         self._step: dict[str, np.ndarray] | None = None
         self._row = 0  # rows of the current step handed out
+
+    def rows_at(self, step: int) -> int:
+        """Rows of recipe step ``step`` this rank gets: a ``DataLoader(batch_size=local_batch_size)``
+        yields ``rows_at(step) / local_batch_size`` batches for it (more for a larger global batch)."""
+        return self.recipe.rows_per_lane_at(step) * self._lanes
+
+    def rows_before(self, step: int) -> int:
+        """Rows this rank gets in steps ``0 .. step - 1``."""
+        phases = self.recipe.batch_phases
+        ends = [s for s, _, _ in phases[1:]] + [step]
+        L = self.recipe.lanes
+        return sum(max(0, min(e, step) - s) * (g // L) * self._lanes for (s, g, _), e in zip(phases, ends))
 
     # -- layout: which lanes this process runs ----------------------------------------------
     def layout(self) -> dict[str, int]:
@@ -151,6 +167,12 @@ class ZephonIterableDataset(IterableDataset):
         n, w = lay["num_workers"], lay["worker"]
         if n <= 1:
             return [(self.world_size, self.rank)]
+        if len(self.recipe.batch_phases) > 1:
+            raise ValueError(
+                f"ZephonIterableDataset with {n} loader workers: the recipe's [[batch_schedule]] changes the rows per "
+                "step, so a loader worker's slices would change lanes at each phase; use num_workers=0 and zephon's "
+                "own workers (the recipe's [workers], or workers=) for parallelism"
+            )
         lbs, rpl, L = self.local_batch_size, self.recipe.rows_per_lane, self.recipe.lanes
         per_step = self.rows_per_step // lbs
         if lbs % rpl or per_step % n:
@@ -257,8 +279,11 @@ class ZephonIterableDataset(IterableDataset):
         if st["zephon"] is None:
             return st
         for anchor in (self._anchor if st["rows"] else st["zephon"], self._anchor, self._prev_anchor):
-            if anchor is not None and 0 <= rows - anchor["step"] * self.rows_per_step < self.rows_per_step:
-                return {"zephon": anchor, "rows": rows - anchor["step"] * self.rows_per_step, "layout": st["layout"]}
+            if anchor is None:
+                continue
+            done = self.rows_before(anchor["step"])
+            if 0 <= rows - done < self.rows_at(anchor["step"]):
+                return {"zephon": anchor, "rows": rows - done, "layout": st["layout"]}
         raise StateError(
             f"no state for {rows} rows consumed: the dataset has handed out rows up to step "
             f"{st['zephon']['step']} (+{st['rows']} rows) and keeps the states of its last two recipe steps"

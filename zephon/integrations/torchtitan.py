@@ -1,10 +1,10 @@
 """TorchTitan integration: a ``BaseDataLoader`` whose global batches survive a change of DP degree.
 
 Import this module explicitly (``import zephon.integrations.torchtitan``); ``import zephon`` never imports
-TorchTitan. Requires ``torchtitan==0.3.0`` (``pip install "zephon[titan]"``).
+TorchTitan. Requires ``torchtitan==0.3.0`` (from a clone of the repository: ``pip install ".[titan]"``).
 
 Use it with any TorchTitan model config
---------------------------------------
+---------------------------------------
 Write a config function (TorchTitan's ``--module`` / ``--config`` registry) that takes the model's
 own config and swaps in zephon with :func:`with_zephon`::
 
@@ -95,26 +95,19 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
+import tyro
 from torchtitan.components.dataloader import BaseDataLoader
 
 from zephon.engine import StateError, WorkerConfig
 from zephon.engine.checkpoint import SHARED_KEY, decode_state, encode_state, is_lane_key
 from zephon.engine.lanes import divisors
-from zephon.recipe import (
-    LEDGER_DIR,
-    FollowerBatches,
-    LeaderBatches,
-    LedgerWriter,
-    LoaderMetrics,
-    RankBatches,
-    Recipe,
-    RecipeError,
-    dataset_tokens,
-)
+from zephon.recipe import LoaderMetrics, RankBatches, Recipe, RecipeError
+from zephon.recipe.ledger import LEDGER_DIR, LedgerWriter, dataset_tokens
+from zephon.recipe.peers import FollowerBatches, LeaderBatches
 
 from .peers import DistPeerLink
 from .titan_metrics import register_loader, zephon_metrics_config
@@ -280,16 +273,18 @@ class ZephonDataLoader(BaseDataLoader):
         """Folder for the batch ledger ("" = ``<dump_folder>/zephon_ledger`` inside the trainer;
         outside a trainer no ledger is written unless this is set)."""
 
-        dump_folder: str = ""
-        """The trainer's ``dump_folder``, passed in by a :func:`with_zephon` config once the
-        command line is parsed ("" = not built by a trainer); leave it unset."""
+        # The trainer's facts, passed in by a with_zephon config once the command line is parsed:
+        # internal plumbing, so not command-line flags (tyro.conf.Suppress, as TorchTitan's own
+        # Trainer.Config.model_spec); set --dump_folder and --training.* instead.
+        dump_folder: Annotated[str, tyro.conf.Suppress] = ""
+        """The trainer's ``dump_folder`` ("" = not built by a trainer); leave it unset."""
 
-        trainer_global_batch_size: int = 0
-        """The trainer's ``training.global_batch_size``, passed in like ``dump_folder``: the
-        loader refuses a trainer step that is not one recipe step (0 = no trainer)."""
+        trainer_global_batch_size: Annotated[int, tyro.conf.Suppress] = 0
+        """The trainer's ``training.global_batch_size``: the loader refuses a trainer step that
+        is not one recipe step (0 = no trainer)."""
 
-        trainer_local_batch_size: int = 0
-        """The trainer's ``training.local_batch_size``, passed in like ``dump_folder``."""
+        trainer_local_batch_size: Annotated[int, tyro.conf.Suppress] = 0
+        """The trainer's ``training.local_batch_size``."""
 
         def recipe_file(self) -> str:
             """The recipe's TOML path (a name of ``RECIPE_NAMES`` resolved)."""
@@ -328,10 +323,11 @@ class ZephonDataLoader(BaseDataLoader):
         self.config = config
         self.recipe = r = config.load_recipe()
         self.dp_world_size, self.dp_rank = int(dp_world_size), int(dp_rank)
-        if seq_len is not None and seq_len != r.seq_len:
+        longest = max(n for _, _, n in r.batch_phases)  # a [[batch_schedule]]: the model sees its longest rows
+        if seq_len is not None and seq_len != longest:
             raise ValueError(
-                f"zephon.integrations.torchtitan: training.seq_len = {seq_len} but the recipe has seq_len = {r.seq_len}. Set "
-                f"--training.seq_len {r.seq_len}, or change the recipe (seq_len = {seq_len} in the TOML, or "
+                f"zephon.integrations.torchtitan: training.seq_len = {seq_len} but the recipe has seq_len = {longest}. Set "
+                f"--training.seq_len {longest}, or change the recipe (seq_len = {seq_len} in the TOML, or "
                 f"--dataloader.recipe_seq_len {seq_len}; either is a new data definition)."
             )
         if not config.infinite and not r.spec.finite:
@@ -463,6 +459,19 @@ class ZephonDataLoader(BaseDataLoader):
         """Recipe steps fetched by this rank."""
         return self.batches.step
 
+    def accumulation_steps(self, pp_microbatches: int = 1) -> int:
+        """The trainer's gradient-accumulation steps for the next optimizer step: the next recipe
+        step's slices over ``pp_microbatches`` pipeline microbatches each. A ``[[batch_schedule]]``
+        changes it from a step on (:class:`~zephon.integrations.titan_schedule.ZephonTrainer` asks
+        before every step); without one it is the same every step."""
+        n = self.batches.microbatches_at(self.batches.step)
+        if pp_microbatches < 1 or n % pp_microbatches:
+            raise ValueError(
+                f"zephon.integrations.torchtitan: recipe step {self.batches.step} has {n} microbatches of "
+                f"{self.local_batch_size} rows on this rank, which {pp_microbatches} pipeline microbatches do not divide"
+            )
+        return n // pp_microbatches
+
     def on_local_batch(self, step: int, batch: dict[str, np.ndarray]) -> None:
         """Hook: called once per recipe step with this rank's whole local batch (numpy, all fields,
         lanes in order, ``rows_per_step`` rows). ``step`` counts from 1. Default: nothing."""
@@ -472,8 +481,9 @@ class ZephonDataLoader(BaseDataLoader):
         step = self.batches.step
         if self.ledger is not None:
             r = self.recipe
-            tokens = dataset_tokens(batch["dataset"], r.rows_per_lane, len(r.datasets))
-            self.ledger.write(step - 1, self.batches.lane_digests(), tokens, self.batches.lane_counts())
+            tokens = dataset_tokens(batch["dataset"], r.rows_per_lane_at(step - 1), len(r.datasets))
+            shape = (r.global_batch_size_at(step - 1), r.seq_len_at(step - 1))
+            self.ledger.write(step - 1, self.batches.lane_digests(), tokens, self.batches.lane_counts(), shape)
         self.on_local_batch(step, batch)
         if self.config.log_every and step % self.config.log_every == 0:
             self.log_metrics()
@@ -639,7 +649,11 @@ def with_zephon(
     (``overrides`` are :class:`ZephonDataLoader.Config` fields, e.g. ``workers=4``), and
     ``checkpoint.last_save_model_only = False`` so the last checkpoint keeps the loader state, and
     makes ``metrics`` a :class:`~zephon.integrations.titan_metrics.ZephonMetricsProcessor.Config`
-    (the loader's metrics in TensorBoard / W&B next to the loss).
+    (the loader's metrics in TensorBoard / W&B next to the loss). For a recipe whose
+    ``[[batch_schedule]]`` changes the global batch it returns a copy, a
+    :class:`~zephon.integrations.titan_schedule.ZephonTrainer.Config` (gradient accumulation per
+    step follows the schedule): use the config it returns. ``training.seq_len`` is the recipe's
+    longest (a schedule's rows are shorter before its long phase).
     The config then passes its final ``dump_folder`` and batch (after the command line) to its
     ``dataloader`` when that is a :class:`ZephonDataLoader.Config` (the ledger's folder, the
     check that one trainer step is one recipe step), also when ``dataloader`` is replaced later.
@@ -657,7 +671,7 @@ def with_zephon(
     r = cfg.load_recipe()
     trainer_config.dataloader = cfg
     _wire(trainer_config)
-    trainer_config.training.seq_len = r.seq_len
+    trainer_config.training.seq_len = max(n for _, _, n in r.batch_phases)  # the longest rows of a schedule
     trainer_config.training.global_batch_size = r.global_batch_size
     if local_batch_size is not None:
         trainer_config.training.local_batch_size = local_batch_size
@@ -681,7 +695,7 @@ def with_zephon(
                 f"zephon.integrations.torchtitan: the validation recipe {validation!r} never ends (dataset {repeating!r} has "
                 'policy = "repeat"); a validation set is finite: set policy = "stop" on every dataset'
             )
-        if vr.seq_len != r.seq_len:
+        if vr.seq_len != trainer_config.training.seq_len:
             raise ValueError(
                 f"zephon.integrations.torchtitan: the validation recipe has seq_len = {vr.seq_len}, the training recipe "
                 f"{r.seq_len}; TorchTitan validates with training.seq_len: make them equal"
@@ -696,4 +710,16 @@ def with_zephon(
         trainer_config.validator.enable = True
         trainer_config.validator.steps = -1
         trainer_config.validator.dataloader = vcfg
+    return _follow_schedule(trainer_config, r)
+
+
+def _follow_schedule(trainer_config: Any, r: Recipe) -> Any:
+    """The config, or for a recipe whose global batch changes, a ZephonTrainer's copy of it."""
+    if len({g for _, g, _ in r.batch_phases}) == 1:
+        return trainer_config
+    # imported here: torchtitan.trainer takes seconds to import (and triton), and only this needs it
+    from .titan_schedule import scheduled_trainer_config
+
+    trainer_config = scheduled_trainer_config(trainer_config)
+    _wire(trainer_config)
     return trainer_config

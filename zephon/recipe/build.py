@@ -27,17 +27,22 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon.data import node_cache, set_tokenizers_parallelism
+from zephon.data import node_cache
+from zephon.data.tokenizer import set_tokenizers_parallelism
 from zephon.engine import LaneContext, OrderedMapper, WorkerConfig
 from zephon.engine.lanes import LaneSet, count_lane_steps
 from zephon.engine.workers import PoolSet
 from zephon.nodes import (
     Batch,
+    Carry,
     ChatPack,
     FilteredTokenize,
     LaneWorkSource,
     MMPack,
     Pack,
+    PhasedLane,
+    ScheduledBatch,
+    SegmentPack,
     SkipCounter,
     WindowShuffle,
     mm_pad_batch,
@@ -148,21 +153,62 @@ def build_lane(p: Prepared, ctx: LaneContext, workers: WorkerConfig | None = Non
             labels=spec.pack.labels,
         )
         return _shuffle(spec, node, ctx.lane, -(-spec.shuffle.buffer // spec.rows_per_lane))  # in micro-batches
+    if spec.batch_schedule is not None:
+        return _scheduled_lane(p, ctx, workers)
+    node = _pack(p, _front(p, ctx, "tokenize", workers), spec.seq_len)
+    fill = pad_row(spec.seq_len, p.pad_id) if spec.end == "pad" else None
+    return Batch(_shuffle(spec, node, ctx.lane, spec.shuffle.buffer), batch_size=spec.rows_per_lane, fill=fill)
+
+
+def _pack(p: Prepared, source: BaseNode, seq_len: int, cls: type[Pack] | None = None) -> Pack:
+    spec = p.spec
     chat = [s for s in spec.datasets if s.kind == CHAT_KIND]  # labels only on assistant tokens
     extra = {"allow_split": any(s.long == "split" for s in chat)} if chat else {}
-    node = (ChatPack if chat else Pack)(
-        _front(p, ctx, "tokenize", workers),
-        seq_len=spec.seq_len,
+    return (cls or (ChatPack if chat else Pack))(
+        source,
+        seq_len=seq_len,
         algorithm=spec.pack.algorithm,
         flush_every=spec.pack.flush_every,
         pad_id=p.pad_id,
         max_open=spec.pack.max_open,
-        max_doc_tokens=max_doc_tokens(spec),
+        max_doc_tokens=max(max_doc_tokens(spec), seq_len + 1),
         labels=spec.pack.labels,
         **extra,
     )
-    fill = pad_row(spec.seq_len, p.pad_id) if spec.end == "pad" else None
-    return Batch(_shuffle(spec, node, ctx.lane, spec.shuffle.buffer), batch_size=spec.rows_per_lane, fill=fill)
+
+
+def _segment_shuffle(spec: RecipeSpec, node: BaseNode, lane: int, k: int) -> BaseNode:
+    """Segment ``k``'s shuffle: segment 0's is the recipe's own; the others draw from their own streams."""
+    buffer = spec.shuffle.buffer
+    if buffer <= 1 or k == 0:
+        return _shuffle(spec, node, lane, buffer)
+    return WindowShuffle(node, buffer=buffer, seed=spec.seed, lane=lane, name=f"shuffle.{k}")
+
+
+def _held(p: Prepared, ctx: LaneContext, k: int, source: BaseNode) -> BaseNode:
+    """Segment ``k``'s pack -> shuffle over ``source``, rows as segments: what a change re-packs."""
+    sched = p.spec.batch_schedule
+    assert sched is not None
+    bottom = source if k == 0 else Carry(source, functools.partial(_held, p, ctx, k - 1))
+    node = _pack(p, bottom, sched.segments()[k][1], SegmentPack)
+    return _segment_shuffle(p.spec, node, ctx.lane, k)
+
+
+def _scheduled_lane(p: Prepared, ctx: LaneContext, workers: WorkerConfig | None) -> BaseNode:
+    """A lane of a recipe with ``[[batch_schedule]]``: micro-batches of the step's rows; with a
+    ``seq_len`` change, one pipeline per segment (:mod:`zephon.nodes.phases`)."""
+    spec = p.spec
+    sched = spec.batch_schedule
+    assert sched is not None
+    segments = sched.segments()
+
+    def segment(k: int, old: dict[str, Any] | None) -> ScheduledBatch:
+        front = _front(p, ctx, "tokenize", workers)
+        bottom = front if k == 0 else Carry(front, functools.partial(_held, p, ctx, k - 1), old)
+        node = _segment_shuffle(spec, _pack(p, bottom, segments[k][1]), ctx.lane, k)
+        return ScheduledBatch(node, schedule=sched, first_step=segments[k][0])
+
+    return segment(0, None) if len(segments) == 1 else PhasedLane(sched, segment)
 
 
 def pad_item(p: Prepared, lane: int) -> dict:
@@ -270,5 +316,6 @@ def prefetch_depth(spec: RecipeSpec, world_size: int) -> int:
     lane)`` steps of the rank's work), at least 2."""
     if spec.workers.prefetch != "auto":
         return int(spec.workers.prefetch)
-    per_step = (spec.lanes // world_size) * spec.rows_per_lane
+    rows = min(r for _, r, _ in spec.batch_schedule.phases) if spec.batch_schedule else spec.rows_per_lane
+    per_step = (spec.lanes // world_size) * rows
     return max(2, -(-spec.shuffle.buffer // per_step) + 1) if spec.shuffle.buffer > 1 else 2

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon.data import ChatRenderer, ConversationError, ShardIndex, load_chat_template, parse_conversation
+from zephon.data import ChatRenderer, ConversationError, ShardIndex
+from zephon.data.chat import load_chat_template, parse_conversation
 from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, FetchTokenize, fit_conversation
 
 from .spec import CHAT_KIND, COUNT, RecipeError, RecipeSpec

@@ -11,8 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from zephon.data import BYTES_PER_TOKEN, BadRecord, ShardIndex, TextTokenizer, out_of_vocab
-from zephon.engine import IndexPermutation, stable_u64
+from zephon.data import BadRecord, ShardIndex, TextTokenizer
+from zephon.data.datasets import BYTES_PER_TOKEN, out_of_vocab
+from zephon.engine import IndexPermutation
+from zephon.engine.seeding import stable_u64
 from zephon.nodes import reason_class
 
 from .spec import DatasetSpec, RecipeError

@@ -65,7 +65,8 @@ from typing import Any
 import numpy as np
 
 from zephon.data.datasets import BadRecord
-from zephon.engine import IndexPermutation, stable_u64
+from zephon.engine import IndexPermutation
+from zephon.engine.seeding import stable_u64
 from zephon.nodes import (
     FILTER_KINDS,
     FilterChain,
@@ -199,6 +200,14 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _distinct(values: list[Any]) -> list[Any]:
+    """The distinct values of an ``in`` list, a bool never merged with a number (``true == 1``)."""
+    seen: dict[tuple[str, Any], Any] = {}
+    for x in values:
+        seen.setdefault((type(x).__name__ if isinstance(x, (str, bool)) else "number", x), x)
+    return list(seen.values())
+
+
 def _field_params(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     """A ``field`` rule's settings: the field, and a threshold (min/max) or a set (in/not_in)."""
     name = entry.get("field")
@@ -210,12 +219,17 @@ def _field_params(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"field": name}
     for k in given:
         v = entry[k]
-        if k in ("min", "max") and not _number(v):
-            raise _err(where, f"{k} must be a number, got {v!r}")
+        if k in ("min", "max") and (not _number(v) or v != v):
+            raise _err(
+                where,
+                f"{k} must be a number, got {v!r}" + (": NaN compares false with everything" if _number(v) else ""),
+            )
         if k in ("in", "not_in"):
-            if not isinstance(v, list) or not v or not all(isinstance(x, str) or _number(x) for x in v):
-                raise _err(where, f"{k} must be a non-empty list of strings or numbers, got {v!r}")
-            v = sorted(set(v), key=repr)
+            if not isinstance(v, list) or not v or not all(isinstance(x, (str, bool)) or _number(x) for x in v):
+                raise _err(where, f"{k} must be a non-empty list of strings, numbers or booleans, got {v!r}")
+            if any(x != x for x in v):
+                raise _err(where, f"{k} holds NaN, which equals no value (a NaN field is an error, or a counted skip)")
+            v = sorted(_distinct(v), key=repr)
         out[k] = v
     if "min" in out and "max" in out and out["max"] < out["min"]:
         raise _err(where, f"max = {out['max']} is below min = {out['min']}: every document would be dropped")

@@ -37,9 +37,10 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon.engine import LaneContext, StateError, ZNode, check_state_keys, state_int, state_node
+from zephon.engine import LaneContext, StateError, ZNode
 from zephon.engine.checkpoint import is_lane_key, lane_state, seal_state, verify_state
 from zephon.engine.lanes import LaneSet
+from zephon.engine.node import check_state_keys, state_int, state_node
 from zephon.engine.router import lane_counts
 
 from .build import RecipeLanes
@@ -50,7 +51,11 @@ from .spec import RecipeError
 __all__ = ["ForkLane", "ForkLanes", "ForkSpec", "check_fork", "continued_source", "fork_checkpoint", "parse_fork"]
 
 #: keys of the data definition a fork may change (datasets are compared one by one, weights aside)
-FORKABLE = ("datasets", "schedule", "filters", "fork")
+FORKABLE = ("datasets", "schedule", "filters", "fork", "batch_schedule", "global_batch_size")
+#: top-level keys of the data definition, checked before the sections (some derived from them)
+_GIVEN = ("data_version", "seed", "lanes", "seq_len", "global_batch_size", "tokenizer")
+#: the keys of the ``[fork]`` section
+FORK_KEYS = ("parent", "step", "fingerprint")
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ def parse_fork(raw: Any, base_dir: str) -> ForkSpec | None:
         return None
     if not isinstance(raw, dict):
         raise RecipeError('recipe: [fork] must be a table with parent = "recipe.toml" and step = N')
-    unknown = [k for k in raw if k not in ("parent", "step", "fingerprint")]
+    unknown = [k for k in raw if k not in FORK_KEYS]
     if unknown:
         raise RecipeError(f"recipe: unknown key {unknown[0]!r} in [fork]; allowed: parent, step, fingerprint")
     parent, step, fp = raw.get("parent"), raw.get("step"), raw.get("fingerprint")
@@ -84,7 +89,10 @@ def parse_fork(raw: Any, base_dir: str) -> ForkSpec | None:
 def check_fork(parent: Mapping[str, Any], child: Mapping[str, Any]) -> None:
     """Refuse a fork whose data definition differs from its parent's other than by weights,
     datasets added or removed, the schedule and filters; the message names the key."""
-    for k in sorted(set(parent) | set(child)):
+    # the keys a user sets first: a change of seq_len also changes settings derived from it
+    # ([mixing]'s), and the message names the key the user changed
+    keys = sorted(set(parent) | set(child), key=lambda k: (k not in _GIVEN, _GIVEN.index(k) if k in _GIVEN else 0, k))
+    for k in keys:
         if k not in FORKABLE and parent.get(k) != child.get(k):
             raise RecipeError(
                 f"recipe: [fork]: {k!r} differs from the parent recipe ({parent.get(k)!r} -> {child.get(k)!r}); a fork "
@@ -103,6 +111,26 @@ def check_fork(parent: Mapping[str, Any], child: Mapping[str, Any]) -> None:
                     f"({old.get(k)!r} -> {d.get(k)!r}); a kept dataset may change its weight only (add it under "
                     "another name to read it differently)"
                 )
+
+
+def _check_batch_phases(parent: Any, child: Any, step: int) -> None:
+    """A fork may change the batch size from its step on (``[[batch_schedule]]``, or the global
+    batch): the steps before it are the parent's, so their batches must keep their size; and
+    its row length stays the parent's (a fork's packer starts empty: no rule re-packs)."""
+    points = sorted({s for s, _, _ in parent.batch_phases + child.batch_phases if s < step})
+    for t in points:
+        if (parent.rows_per_lane_at(t), parent.seq_len_at(t)) != (child.rows_per_lane_at(t), child.seq_len_at(t)):
+            raise RecipeError(
+                f"recipe: [fork]: at step {t}, before the fork step {step}, the batch is {child.rows_per_lane_at(t) * child.lanes} "
+                f"rows of {child.seq_len_at(t)} here and {parent.rows_per_lane_at(t) * parent.lanes} rows of "
+                f"{parent.seq_len_at(t)} in the parent; a fork changes the batch from its step on: keep the parent's "
+                "phases before it in [[batch_schedule]]"
+            )
+    if {n for _, _, n in child.batch_phases} != {parent.seq_len_at(step)}:
+        raise RecipeError(
+            f"recipe: [fork]: seq_len must stay {parent.seq_len_at(step)} (the parent's at the fork step) in every phase; "
+            "a fork may change the batch size, not the row length. Start a new run for a sequence-length change"
+        )
 
 
 def _find(state: Any, node_type: str) -> dict[str, Any] | None:
@@ -193,6 +221,9 @@ class ForkLane(ZNode[Any]):
         pws = _find(self.parent.state_dict(), "work_source") if self.fork_step > 0 else None
         if ws is not None and pws is not None:
             fresh = _replace(fresh, ws, continued_source(pws, self.parent_names, ws, self.child_names))
+        batch = _find(fresh, "batch")
+        if batch is not None and "step" in batch.get("extra", {}):  # a [[batch_schedule]]: rows of step `step` on
+            fresh = _replace(fresh, batch, dict(batch, extra={"step": self.fork_step}))
         child.reset(fresh)
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -253,6 +284,7 @@ class ForkLanes(LaneSet):
     def __init__(self, parent: RecipeLanes, child: RecipeLanes, step: int) -> None:
         if parent.end_mode is not None or child.end_mode is not None:
             raise RecipeError('recipe: [fork] applies to recipes that never end (a dataset with policy = "repeat")')
+        _check_batch_phases(parent.prepared.spec, child.prepared.spec, step)
         names = ([s.name for s in parent.prepared.spec.datasets], [s.name for s in child.prepared.spec.datasets])
         super().__init__(functools.partial(_fork_lane, parent, child, step, names))
         self.parent, self.child, self.step = parent, child, step
@@ -269,7 +301,7 @@ class ForkLanes(LaneSet):
         if fingerprint == self.parent.prepared.fingerprint:
             return (
                 f"It is the parent run's checkpoint: convert it with recipe.continue_state(state) (one written at or "
-                f"before the fork step {self.step}) to resume it as this fork."
+                f"before the fork step {self.step}; `zephon hashes --resume` converts it itself) to resume it as this fork."
             )
         shared = shared if isinstance(shared, Mapping) else {}
         fork = explain_fork(shared.get("fork"), self._fork())

@@ -35,6 +35,7 @@ LIMITS: Mapping[str, int] = {
     "lanes": 65536,
     "seq_len": 1 << 20,
     "global_batch_size": 1 << 20,
+    "global_batch_tokens": 1 << 40,
     "lane_tokens": 1 << 24,
     "shuffle_tokens": 1 << 27,
     "buffer": 1 << 20,

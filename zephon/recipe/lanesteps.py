@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from zephon.data import default_cache_dir
+from zephon.data.datasets import default_cache_dir
 
 from .prepare import Prepared
 
@@ -32,8 +32,8 @@ LANE_STEPS_FORMAT = 2
 
 
 def _zephon_version() -> str:
-    try:
-        return importlib.metadata.version("zephon")
+    try:  # the distribution's name (``zephon`` on the package index is another project)
+        return importlib.metadata.version("zephon-loader")
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
         return "unknown"
 

@@ -17,7 +17,10 @@ Lines (``"v": 1``)::
      "world_size": W, "rank": r, "lane_range": [lo, hi], "start_batch": b, "time": t}
     {"kind": "step", "batch": b, "trainer_step": b + 1, "world_size": W, "rank": r,
      "lane_range": [lo, hi], "lane_digests": [hex, ...], "dataset_tokens": [[n_d, ...], ...], "time": t,
-     "filtered": [{"rule/dataset": n, ...}, ...]}
+     "global_batch_size": G, "seq_len": S, "filtered": [{"rule/dataset": n, ...}, ...]}
+
+``global_batch_size`` and ``seq_len``: the step's rows (all ranks) and row length, which a
+``[[batch_schedule]]`` changes from a step on.
 
 ``filtered`` (only in runs of recipes with ``[[filters]]``): per lane, the documents its filters
 dropped so far, per filter and dataset (non-zero counts), when it made the step's micro-batch.
@@ -118,15 +121,19 @@ class LedgerWriter:
         lane_digests: Sequence[str],
         tokens: Sequence[Sequence[int]],
         filtered: Sequence[Mapping[str, int]] | None = None,
+        shape: tuple[int, int] | None = None,
     ) -> None:
         """Record global batch ``batch`` (0-based): this rank's lane digests and tokens per
-        dataset, and its lanes' filtered documents (recorded when any lane has some)."""
+        dataset, its lanes' filtered documents (recorded when any lane has some), and ``shape``,
+        the step's ``(global_batch_size, seq_len)`` (a ``[[batch_schedule]]`` changes them)."""
         if len(lane_digests) != len(self.lane_range):
             raise ValueError(f"rank {self.rank} owns {len(self.lane_range)} lanes, got {len(lane_digests)} digests")
         if self._f is None:
             self._f = open(self.path, "a", encoding="utf-8")
             self._line(dict(self._head, start_batch=int(batch), time=round(time.time(), 3)))
-        extra = {"filtered": [dict(f) for f in filtered]} if filtered and any(filtered) else {}
+        extra: dict[str, Any] = {"filtered": [dict(f) for f in filtered]} if filtered and any(filtered) else {}
+        if shape is not None:
+            extra["global_batch_size"], extra["seq_len"] = int(shape[0]), int(shape[1])
         self._line(
             {
                 "v": LEDGER_VERSION,

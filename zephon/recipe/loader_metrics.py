@@ -2,7 +2,7 @@
 takes (TorchTitan's TensorBoard / W&B logger, ``SummaryWriter.add_scalar``, ``wandb.log``).
 
 Why a flat dict: every dashboard speaks ``name -> scalar at step``; the pipeline's own metrics
-(:meth:`zephon.engine.Router.summary_metrics`) are nested per node and cumulative, so this module
+(:meth:`zephon.engine.router.Router.summary_metrics`) are nested per node and cumulative, so this module
 turns them, and what it sees of each batch, into per-interval numbers under one prefix:
 
 ==============================================  =====================================================
@@ -17,7 +17,13 @@ turns them, and what it sees of each batch, into per-interval numbers under one 
 ``<p>skipped_share/<dataset>``                  skipped / read
 ``<p>packing_efficiency``                       non-padding share of the row tokens packed in the interval
 ``<p>padding_tokens``                           padding tokens packed in the interval
+``<p>token_cache/hits``, ``misses``             documents read from / not found in the node's token cache
+``<p>token_cache/hit_share``                    hits / (hits + misses) in the interval
+``<p>token_cache/bytes_read``, ``bytes_written`` bytes of ids read from / written to it in the interval
 ==============================================  =====================================================
+
+The token cache's numbers (``$ZEPHON_TOKEN_CACHE`` set) count the documents this process
+tokenizes or reads (inline and thread workers); process workers count in their own processes.
 
 The numbers are this process's lanes (one data-parallel rank, or every rank of a
 :class:`~zephon.engine.GlobalLoader`); nothing crosses ranks.
@@ -30,6 +36,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+
+from zephon.data import token_cache
 
 from .recipe import Recipe
 
@@ -74,6 +82,7 @@ class LoaderMetrics:
         self._seconds = 0.0
         self._steps = 0
         self._last: dict[str, float] = {}  # cumulative pipeline counters at the last collect
+        self._cache_last: dict[str, int] = {}  # the token cache's counters at the last collect
 
     def add_time(self, seconds: float) -> None:
         """Seconds spent in the loader outside :meth:`record` (e.g. slices of a fetched step)."""
@@ -91,7 +100,7 @@ class LoaderMetrics:
 
     def collect(self, summary: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, float]:
         """The metrics of the interval since the last call (see the module docstring), then a new
-        interval. ``summary``: :meth:`zephon.engine.Router.summary_metrics` (skips, packing, worker
+        interval. ``summary``: :meth:`zephon.engine.router.Router.summary_metrics` (skips, packing, worker
         wait); without it only the batch-derived numbers are returned."""
         p = self.prefix
         out: dict[str, float] = {}
@@ -105,8 +114,21 @@ class LoaderMetrics:
             out[f"{p}declared_share/{name}"] = round(float(weights[i]), 12)
         if summary is not None:
             out.update(self._from_summary(summary))
+        out.update(self._from_token_cache())
         self._tokens[:] = 0
         self._seconds, self._steps = 0.0, 0
+        return out
+
+    def _from_token_cache(self) -> dict[str, float]:
+        cache = token_cache()
+        if cache is None:
+            return {}
+        now = {k: cache.stats[k] for k in ("hits", "misses", "bytes_read", "bytes_written")}
+        d = {k: v - self._cache_last.get(k, 0) for k, v in now.items()}
+        self._cache_last = now
+        out: dict[str, float] = {f"{self.prefix}token_cache/{k}": v for k, v in d.items()}
+        seen = d["hits"] + d["misses"]
+        out[f"{self.prefix}token_cache/hit_share"] = d["hits"] / seen if seen else 0.0
         return out
 
     def _from_summary(self, summary: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:

@@ -29,13 +29,15 @@ import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from zephon.data import FORMATS, MM_FORMATS, TEMPLATES, TOKEN_FORMATS
+from zephon.data.chat import TEMPLATES
+from zephon.data.datasets import FORMATS, MM_FORMATS, TOKEN_FORMATS
 from zephon.engine import WorkerConfig
 from zephon.nodes import VisionConfig, WeightSchedule
 
 from .budget import VL_WINDOW_BYTES, memory_budget, size
 from .chat import CHAT_KEYS, check_chat
 from .keys import LIMITS, Key, keys, meta
+from .phases import batch_schedule, batch_tokens_view, check_phases, phase_specs
 from .spec import (
     CHAT_KIND,
     DATA_VERSION,
@@ -276,7 +278,7 @@ def read_table(
 def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
     """Validate a recipe given as a dict (the TOML's structure) into a :class:`RecipeSpec`;
     relative paths are made absolute against ``base_dir``. Raises :class:`RecipeError`."""
-    r = _table("the recipe", raw)
+    r = batch_tokens_view(_table("the recipe", raw))
     base_dir = os.path.abspath(base_dir)
     top = read_table(RecipeSpec, r, "the recipe's top level", section="", missing=_missing_top_key)
     v = top.get("data_version", DATA_VERSION)
@@ -300,6 +302,8 @@ def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
         tokenizer=_tokenizer(r["tokenizer"], base_dir, v),
         datasets=datasets,
         schedule=_schedule(r.get("schedule", []), datasets),
+        global_batch_tokens=top.get("global_batch_tokens"),
+        batch_schedule=batch_schedule(top, r.get("batch_schedule"), read_table),
         pack=PackSpec(**read_table(PackSpec, r.get("pack", {}), "[pack]", version=v)),
         shuffle=shuffle,
         mixing=MixingSpec(
@@ -313,13 +317,23 @@ def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
         data_version=v,
     )
     spec = _rule_vl_buffer(spec, "buffer" in shuffle_given)
-    _rule_memory(spec)
+    for step, phase in phase_specs(spec):
+        try:
+            _rule_memory(phase)
+        except RecipeError as e:  # name the phase of a [[batch_schedule]]
+            raise RecipeError(
+                str(e).replace("recipe: ", f"recipe: from step {step} on, ", 1) if step else str(e)
+            ) from None
+    check_phases(spec)
     check_chat(spec)
     return spec
 
 
 def _missing_top_key(name: str) -> str:
-    extra = ' (a [tokenizer] section with path = "...")' if name == "tokenizer" else ""
+    extra = {
+        "tokenizer": ' (a [tokenizer] section with path = "...")',
+        "global_batch_size": " (rows per step; or global_batch_tokens)",
+    }.get(name, "")
     return f"recipe: missing required key {name!r}{extra}"
 
 

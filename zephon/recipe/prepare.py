@@ -36,7 +36,7 @@ from zephon.data import (
     index_multimodal,
 )
 from zephon.engine import StateError
-from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WorkPlan
+from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WeightSchedule, WorkPlan
 
 from .blocks import dataset_block
 from .chat import chat_fetch, chat_renderers, estimate_chat, templates_digest
@@ -56,6 +56,7 @@ __all__ = [
     "index_kwargs",
     "prepare",
     "record_weights",
+    "with_tokenizer",
     "work_plan",
 ]
 
@@ -151,9 +152,26 @@ def work_plan(spec: RecipeSpec, indexes: Sequence[ShardIndex], estimates: Mappin
         plans,
         seed=spec.seed,
         lanes=spec.lanes,
-        schedule=spec.schedule,
+        schedule=_weight_steps(spec),
         tokens_per_step=spec.rows_per_lane * spec.seq_len,
     )
+
+
+def _weight_steps(spec: RecipeSpec) -> WeightSchedule:
+    """The weight schedule as a lane reads it: a lane knows its step from the tokens it drew at
+    phase 0's tokens per step, so with a ``[[batch_schedule]]`` a weight phase starts at the
+    tokens a lane has consumed by its step, in phase-0 steps."""
+    sched = spec.batch_schedule
+    if sched is None or len(spec.schedule.phases) == 1:
+        return spec.schedule
+    base = sched.phases[0][1] * sched.phases[0][2]
+
+    def tokens_at(step: int) -> int:
+        ends = [s for s, _, _ in sched.phases[1:]] + [step]
+        return sum(max(0, min(end, step) - s) * r * n for (s, r, n), end in zip(sched.phases, ends))
+
+    phases: list[Any] = [(tokens_at(s) / base if s else 0, w) for s, w in spec.schedule.phases]
+    return WeightSchedule(phases)  # the steps of phase-0 tokens: not whole numbers
 
 
 def special_ids(spec: RecipeSpec, tok: TextTokenizer) -> dict[str, int]:
@@ -288,6 +306,8 @@ def index_kwargs(ds: DatasetSpec) -> dict[str, Any]:
     kw: dict[str, Any] = {"format": ds.format, "text_field": ds.text_field, "max_record_bytes": ds.max_record_bytes}
     if ds.same_file != "each":
         kw["same_file"] = ds.same_file
+    if ds.dtype is not None:
+        kw["dtype"] = ds.dtype
     if ds.kind == CHAT_KIND:
         kw["text_mode"] = "json"  # the conversation: the field's value as JSON text
     elif ds.kind == "text":
@@ -367,11 +387,19 @@ def prepare(spec: RecipeSpec, progress: bool | None = None, group: Any = None) -
     )
 
 
+def with_tokenizer(definition: dict[str, Any], tok: TextTokenizer) -> dict[str, Any]:
+    """A data definition with the tokenizer's identity from data version 4 (the definitions of
+    versions 1-3 hold only its BOS/EOS settings, so their fingerprints stay)."""
+    if definition.get("data_version", 1) < 4:
+        return definition
+    return definition | {"tokenizer": {**definition["tokenizer"], "identity": tok.identity}}
+
+
 def fingerprint_of(spec: RecipeSpec, indexes: Sequence[ShardIndex], tok: TextTokenizer) -> str:
     """The recipe fingerprint every checkpoint carries: its data definition, its files (through
     the indexes' fingerprints) and its tokenizer."""
     h = hashlib.sha256()
-    h.update(json.dumps(spec.data_definition(), sort_keys=True, default=str).encode())
+    h.update(json.dumps(with_tokenizer(spec.data_definition(), tok), sort_keys=True, default=str).encode())
     for ix in indexes:
         h.update(ix.fingerprint.encode())
     h.update(tok.fingerprint.encode())

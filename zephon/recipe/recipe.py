@@ -36,7 +36,8 @@ from .estimate import TokenEstimate
 from .filters import FilterSpec, parse_filters, with_filters
 from .fork import ForkLanes, ForkSpec, check_fork, fork_checkpoint, parse_fork
 from .parse import parse_recipe
-from .prepare import Prepared, prepare
+from .phases import describe_phases
+from .prepare import Prepared, prepare, with_tokenizer
 from .spec import DatasetSpec, RecipeError, RecipeSpec
 
 if sys.version_info >= (3, 11):
@@ -82,6 +83,7 @@ class Recipe:
         self.fork: ForkSpec | None = parse_fork(self.raw.get("fork"), self.base_dir)
         self._parent: Recipe | None = None
         self._prepared: Prepared | None = None
+        self._own_tokenizer: TextTokenizer | None = None
         self._lock = threading.Lock()
 
     # -- construction -----------------------------------------------------------------------
@@ -159,6 +161,27 @@ class Recipe:
         """Rows each lane contributes to a step."""
         return self.spec.rows_per_lane
 
+    def rows_per_lane_at(self, step: int) -> int:
+        """Rows each lane contributes to ``step`` (``[[batch_schedule]]`` applied)."""
+        return self.spec.rows_per_lane_at(step)
+
+    def global_batch_size_at(self, step: int) -> int:
+        """Rows of global batch ``step``, all ranks together."""
+        return self.spec.rows_per_lane_at(step) * self.spec.lanes
+
+    def seq_len_at(self, step: int) -> int:
+        """Tokens per row at ``step``."""
+        return self.spec.seq_len_at(step)
+
+    def describe_phases(self) -> list[str]:
+        """The ``[[batch_schedule]]`` phases as table lines (steps, rows, tokens, memory per lane); [] without one."""
+        return describe_phases(self.spec)
+
+    @property
+    def batch_phases(self) -> list[tuple[int, int, int]]:
+        """``(first step, global_batch_size, seq_len)`` of each phase of ``[[batch_schedule]]`` (one without)."""
+        return self.spec.batch_phases
+
     @property
     def datasets(self) -> tuple[DatasetSpec, ...]:
         """The ``[[datasets]]`` entries, in recipe order (their index is the ``dataset`` field)."""
@@ -192,7 +215,21 @@ class Recipe:
             out["filters"] = [f.definition() for f in self.filters]
         if self.fork is not None:
             out["fork"] = {"parent": os.path.basename(self.fork.parent), "step": self.fork.step}
-        return out
+        return with_tokenizer(out, self._loaded_tokenizer()) if self.spec.data_version >= 4 else out
+
+    def _loaded_tokenizer(self) -> TextTokenizer:
+        """The run's tokenizer, loaded without the rest of :meth:`prepare` if not prepared yet."""
+        if self._prepared is not None:
+            return self._prepared.tokenizer
+        if self._own_tokenizer is None:
+            t = self.spec.tokenizer
+            try:
+                self._own_tokenizer = TextTokenizer(
+                    t.path, t.add_bos, t.add_eos, t.bos_token, t.eos_token, t.special_tokens_in_text
+                )
+            except (OSError, ValueError) as e:
+                raise RecipeError(f"recipe: [tokenizer]: {e}") from None
+        return self._own_tokenizer
 
     @property
     def parent(self) -> Recipe:
@@ -208,6 +245,14 @@ class Recipe:
                 raise RecipeError(
                     f"recipe: [fork] parent {self.fork.parent!r} has fingerprint {parent.fingerprint!r}, not the "
                     f"{self.fork.fingerprint!r} the fork names: the parent recipe or its data changed since the run"
+                )
+            mine, theirs = self._loaded_tokenizer(), parent._loaded_tokenizer()
+            if mine.identity != theirs.identity:
+                raise RecipeError(
+                    f"recipe: [fork]: the tokenizer differs from the parent recipe's ({theirs.path!r}, identity "
+                    f"{theirs.identity} -> {mine.path!r}, identity {mine.identity}): a fork keeps the tokenizer "
+                    "(every document would be split into other ids); point [tokenizer] path at the parent's "
+                    "tokenizer, or start a new run"
                 )
             check_fork(parent.data_definition(), self.data_definition())
             self._parent = parent

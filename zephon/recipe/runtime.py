@@ -16,6 +16,7 @@ trainer that asks for ``local_batch_size`` rows at a time gets each step in cons
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -80,23 +81,24 @@ class RankBatches:
                 self.lanes = lanes_of_rank(recipe.lanes, world_size, rank)
         except ValueError as e:
             raise ValueError(self._hinted(str(e), "world_size")) from None
-        #: rows of one recipe step that this rank (or, with rank None, the world) gets
-        self.rows_per_step = recipe.rows_per_lane * len(self.lanes)
-        rows = self.rows_per_step
+        n = len(self.lanes)
+        phases = [(step, g // recipe.lanes * n) for step, g, _ in recipe.batch_phases]
+        rows = math.gcd(*(r for _, r in phases))  # every phase's rows are a multiple of it
         lbs = rows if local_batch_size is None else int(local_batch_size)
-        if lbs < 1 or rows % lbs:
+        bad = [(step, r) for step, r in phases if lbs < 1 or r % lbs]
+        if bad:
+            step, r = bad[0]
             who = "the world" if rank is None else f"each of {world_size} ranks"
+            when = f" from step {step}" if len(phases) > 1 else ""
             raise ValueError(
                 self._hinted(
-                    f"the recipe's global batch is {recipe.global_batch_size} rows, so {who} gets {rows} rows per "
+                    f"the recipe's global batch{when} is {r // n * recipe.lanes} rows, so {who} gets {r} rows per "
                     f"step, which local_batch_size = {lbs} does not divide; use one of {divisors(rows)}, or change "
                     "the recipe's global_batch_size.",
                     "local_batch_size",
                 )
             )
         self.local_batch_size = lbs
-        #: slices per recipe step (a trainer's gradient-accumulation steps x pipeline microbatches)
-        self.microbatches_per_step = rows // lbs
         self._workers, self._digests = workers, digests
         # next_step / next_slice / state_dict / load_state_dict from any thread: a state taken
         # by a checkpointer thread matches the step last handed out
@@ -104,11 +106,31 @@ class RankBatches:
         self._source: Router | GlobalLoader = self._open()
         self._closed = False
         self._batch: dict[str, Any] | None = None
+        self._rows = 0  # rows of the current step
         self._offset = 0  # rows of the current step already handed out
         self._end_state: dict[str, Any] | None = None  # the state at the end of a finite recipe
         self._end: LaneEnd | None = None
         #: True after the end of a finite recipe (until a state is loaded)
         self.ended = False
+
+    def rows_at(self, step: int) -> int:
+        """Rows of recipe step ``step`` this rank (or, with rank None, the world) gets."""
+        return self.recipe.rows_per_lane_at(step) * len(self.lanes)
+
+    def microbatches_at(self, step: int) -> int:
+        """Slices of recipe step ``step`` (a trainer's gradient-accumulation steps x pipeline
+        microbatches): more for a larger global batch, each ``local_batch_size`` rows."""
+        return self.rows_at(step) // self.local_batch_size
+
+    @property
+    def rows_per_step(self) -> int:
+        """Rows of the step being handed out (between steps: of the next one)."""
+        return self.rows_at(self.step - 1 if not self.between_steps else self.step)
+
+    @property
+    def microbatches_per_step(self) -> int:
+        """Slices of the step being handed out (between steps: of the next one)."""
+        return self.rows_per_step // self.local_batch_size
 
     def _hinted(self, message: str, key: str) -> str:
         hint = self._hints.get(key)
@@ -151,14 +173,15 @@ class RankBatches:
         except StopIteration:
             self._finish()
             raise
-        self._batch, self._offset = batch, self.rows_per_step
+        self._batch, self._rows = batch, self.rows_at(self.step - 1)
+        self._offset = self._rows
         return batch
 
     def next_slice(self) -> tuple[dict[str, Any], int, int]:
         """``(step batch, lo, hi)``: the next ``local_batch_size`` rows ``lo:hi`` of the current
         recipe step, fetching the next step when this one is used up (``lo == 0``)."""
         with self._lock:
-            if self._batch is None or self._offset >= self.rows_per_step:
+            if self._batch is None or self._offset >= self._rows:
                 self._next_step()
                 self._offset = 0
             assert self._batch is not None
@@ -169,7 +192,7 @@ class RankBatches:
     @property
     def between_steps(self) -> bool:
         """True when no recipe step is half handed out (a checkpoint may be taken)."""
-        return self._batch is None or not 0 < self._offset < self.rows_per_step
+        return self._batch is None or not 0 < self._offset < self._rows
 
     def lane_digests(self) -> list[str]:
         """The digests of the last step's lane micro-batches, in lane order (built with ``digests=True``)."""

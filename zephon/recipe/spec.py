@@ -36,7 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zephon.data import CHAT_FORMATS, DEFAULT_MAX_RECORD_BYTES, EMPTY, KINDS, LOSS_ON, SAME_FILE, TEXT_MODES
+from zephon.data.chat import CHAT_FORMATS, LOSS_ON
+from zephon.data.datasets import DEFAULT_MAX_RECORD_BYTES, EMPTY, KINDS, SAME_FILE, TEXT_MODES
 from zephon.engine import WorkerConfig
 from zephon.engine.end import END_MODES
 from zephon.engine.workers import BACKENDS
@@ -48,6 +49,7 @@ from zephon.nodes import (
     ON_ERROR,
     POLICIES,
     SPLIT_MODES,
+    BatchSchedule,
     VisionConfig,
     WeightSchedule,
 )
@@ -98,7 +100,10 @@ COUNT = ("all", "loss")
 #: recipe's default ``[shuffle] buffer`` fits 1 GiB per lane.
 #: Version 3: the block shuffle (``[shuffle] block``, :mod:`zephon.nodes.blockorder`): lanes read
 #: seeded random blocks of consecutive records from all shards instead of one shard-ordered stripe.
-DATA_VERSION = 3
+#: Version 4: the tokenizer's identity (a hash of its content, ``TextTokenizer.identity``) is part
+#: of the data definition (``tokenizer.identity``), so a fork or resume under another tokenizer is
+#: refused naming it.
+DATA_VERSION = 4
 
 #: Settings whose default depends on the data version: ``(section class name, key) -> {first
 #: version: value}``, e.g. ``("PackSpec", "labels"): {2: "document"}``. The field's own default is
@@ -174,6 +179,12 @@ class DatasetSpec:
         choices=EMPTY,
         new=True,
         doc='text datasets: an empty or whitespace-only text is a "document" (BOS/EOS; data version 2) or "bad" (1)',
+    )
+    dtype: str | None = key(
+        None,
+        choices=("uint8", "uint16", "int32", "int64"),
+        new=True,
+        doc='format "tokens": the id width of raw .bin files (they do not state it; .npy and Megatron files do)',
     )
     chat_template: str | None = key(None, new=True, doc='chat: a shipped template ("chatml"...) or a .jinja file')
     chat_format: str = key("messages", choices=CHAT_FORMATS, new=True, doc='chat: "messages" or "sharegpt" records')
@@ -414,10 +425,18 @@ class RecipeSpec:
     seed: int = key(hi="seed", doc="the seed of every random choice (mixing, shuffling)")
     lanes: int = key(lo=1, hi="lanes", doc="fixed lane count L: any world size dividing it gets the same batches")
     seq_len: int = key(lo=8, hi="seq_len", doc="tokens per row (rows hold seq_len + 1 for the shifted labels)")
-    global_batch_size: int = key(lo=1, hi="global_batch_size", doc="rows per step, a multiple of lanes")
+    global_batch_size: int = key(
+        lo=1, hi="global_batch_size", derived="global_batch_tokens / seq_len", doc="rows per step, a multiple of lanes"
+    )
     tokenizer: TokenizerSpec = key(read="table", doc="the [tokenizer] table")
     datasets: tuple[DatasetSpec, ...] = key(read="table", doc="the [[datasets]] entries")
     schedule: WeightSchedule = key(read="table", derived="the datasets' weights from step 0", doc="[[schedule]]")
+    global_batch_tokens: int | None = key(
+        None, lo=1, hi="global_batch_tokens", new=True, doc="tokens per step instead of rows (rows = tokens / seq_len)"
+    )
+    batch_schedule: BatchSchedule | None = key(
+        None, read="table", new=True, doc="[[batch_schedule]]: from a step on, another global batch or seq_len"
+    )
     pack: PackSpec = key(PackSpec(), read="table", doc="the [pack] table")
     shuffle: ShuffleSpec = key(ShuffleSpec(), read="table", doc="the [shuffle] table")
     mixing: MixingSpec = key(MixingSpec(), read="table", doc="the [mixing] table")
@@ -452,6 +471,21 @@ class RecipeSpec:
         return self.global_batch_size // self.lanes
 
     @property
+    def batch_phases(self) -> list[tuple[int, int, int]]:
+        """``(first step, global_batch_size, seq_len)`` per phase (one without a schedule)."""
+        if self.batch_schedule is None:
+            return [(0, self.global_batch_size, self.seq_len)]
+        return [(s, r * self.lanes, n) for s, r, n in self.batch_schedule.phases]
+
+    def rows_per_lane_at(self, step: int) -> int:
+        """Rows each lane contributes to ``step`` (the batch-size schedule applied)."""
+        return self.rows_per_lane if self.batch_schedule is None else self.batch_schedule.rows_at(step)
+
+    def seq_len_at(self, step: int) -> int:
+        """Tokens per row at ``step`` (the sequence-length schedule applied)."""
+        return self.seq_len if self.batch_schedule is None else self.batch_schedule.seq_len_at(step)
+
+    @property
     def multimodal(self) -> bool:
         """Whether any dataset has images (image-text lanes, :class:`zephon.nodes.MMPack`)."""
         return any(s.kind not in ("text", CHAT_KIND) for s in self.datasets)
@@ -479,6 +513,8 @@ class RecipeSpec:
             "mixing": as_list(self.mixing),
             "schedule": self.schedule.phases,
         }
+        if self.batch_schedule is not None:  # recipes without one keep their fingerprints
+            out["batch_schedule"] = [[s, r * self.lanes, n] for s, r, n in self.batch_schedule.phases]
         if self.multimodal:
             config = off_default(VisionTable, dataclasses.asdict(self.vision.config))
             out["vision"] = config | {"tokens": dict(self.vision.tokens)}

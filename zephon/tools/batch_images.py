@@ -168,7 +168,7 @@ def row_pieces(
 ) -> list[tuple[str, Any]]:
     """Tokens ``ids[lo:hi]`` as ``("text", str)`` and ``("image", block)`` pieces in order: each
     image block (``<|vision_start|>``, its placeholder run, ``<|vision_end|>``) collapses into one
-    piece; the text between is ``decode``d.
+    piece; the text between is decoded with ``decode``.
 
     >>> ids = np.array([1, 7, 9, 9, 8, 2])
     >>> blocks = image_blocks(ids, {"image": 9, "vision_start": 7, "vision_end": 8})

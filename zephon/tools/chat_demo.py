@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from zephon.data import CHAT_TOKENIZER
+from zephon.data.chat import CHAT_TOKENIZER
 from zephon.tools.synth import generate_conversations, generate_documents, write_jsonl
 
 __all__ = ["CHAT_TOML", "write_chat_recipe"]

@@ -1,4 +1,4 @@
-"""The ``zephon`` command line: ``demo``, ``hashes``, ``inspect``, ``ledger``.
+"""The ``zephon`` command line: ``demo``, ``hashes``, ``inspect``, ``ledger``, ``warm``.
 
 Each command is also a function here, so a notebook or a test can call it without a shell.
 """
@@ -12,7 +12,6 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,23 +22,19 @@ from zephon.engine.checkpoint import decode_state, encode_state, load_state, sav
 from zephon.engine.digest import batch_sha256
 from zephon.engine.lanes import check_world_size
 from zephon.engine.shutdown import Terminated, stop_on_signals
-from zephon.recipe import (
-    RankBatches,
-    Recipe,
-    RecipeError,
-    bad_samples_message,
-    max_workers,
-)
+from zephon.recipe import RankBatches, Recipe, RecipeError
+from zephon.recipe.estimate import bad_samples_message
+from zephon.recipe.keys import max_workers
 
-from .demo import demo_recipe
+from .cli_parser import DISTRIBUTION, STATE_FILE, build_parser, version_line
+from .demo import demo_recipe, what_you_saw
 from .display import describe_plan, format_batch_rows, format_row
 from .diversity import diversity_line
 from .ledger import ledger_writers, run_ledger_show, write_ledgers
 from .ledger_diff import run_ledger_diff
+from .warm import run_warm, warm_line
 
-__all__ = ["main", "run_hashes"]
-
-STATE_FILE = "zephon_state.json"
+__all__ = ["DISTRIBUTION", "STATE_FILE", "main", "run_hashes", "version_line"]
 
 
 def _state_file(resume: str) -> str:
@@ -58,6 +53,19 @@ def _state_file(resume: str) -> str:
 def _workers(recipe: Recipe, count: int | None, backend: str | None) -> WorkerConfig | None:
     """``--workers`` / ``--backend``: they reach every pool of the recipe (see ``WorkersSpec.override``)."""
     return recipe.spec.workers.override(recipe.multimodal, count, backend)
+
+
+def _resumed_state(recipe: Any, resume: str, err: Any) -> dict[str, Any]:
+    """The state ``--resume`` names, as this recipe loads it: a fork's parent run's checkpoint
+    (taken at or before the fork step) is continued as the fork (``Recipe.continue_state``)."""
+    state = load_state(_state_file(resume), lanes=recipe.lanes)
+    fork = getattr(recipe, "fork", None) is not None
+    if fork and state.get("fingerprint") == recipe.parent.fingerprint:
+        state = recipe.continue_state(state)
+        print(
+            f"zephon hashes: {resume} is the parent run's checkpoint: continuing it as the fork", file=err, flush=True
+        )
+    return state
 
 
 def run_hashes(
@@ -99,7 +107,7 @@ def run_hashes(
     if digest not in ("batch", "ledger"):
         raise ValueError(f"digest must be 'batch' or 'ledger', got {digest!r}")
     hashes = []
-    state = load_state(_state_file(resume), lanes=recipe.lanes) if resume else None
+    state = _resumed_state(recipe, resume, err) if resume else None
     digests = digest == "ledger" or ledger is not None
     with RankBatches(recipe, world_size, None, workers=workers, digests=digests) as g:
         start = 0
@@ -191,7 +199,8 @@ def _demo(args: argparse.Namespace) -> int:
         f"global-batch SHA-256 identical across world sizes, workers and resume: {'YES' if same else 'NO'} "
         f"({time.time() - t0:.1f} s)"
     )
-    print(f"next: zephon inspect {os.path.join(recipe.base_dir, 'demo.toml')} --show 2")
+    print()
+    print("\n".join(what_you_saw(recipe, first, list(table), steps, same)))
     return 0 if same else 1
 
 
@@ -207,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     step 0 ...
     0
     """
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("ZEPHON_DEBUG", "") not in ("", "0")
 
@@ -251,80 +260,6 @@ def _warnings_as_lines(cmd: str) -> Any:
         yield
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The ``zephon`` command line: one sub-command per job."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--debug", action="store_true", help="on an error, print the tracebacks too (or set ZEPHON_DEBUG=1)"
-    )
-    parser = argparse.ArgumentParser(
-        prog="zephon", description="Elastically deterministic data loading.", parents=[common]
-    )
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    _add_demo_and_hashes(sub, common)
-    _add_inspect(sub, common)
-    _add_ledger(sub, common)
-    return parser
-
-
-def _add_demo_and_hashes(sub: Any, common: argparse.ArgumentParser) -> None:
-    d = sub.add_parser(
-        "demo", help="run the bundled demo offline: decoded rows and hashes across world sizes", parents=[common]
-    )
-    d.add_argument("--root", default=None, help="where to generate the demo data (default ~/.cache/zephon/demo)")
-    d.add_argument("--steps", type=_positive, default=6, help="global batches hashed per world size (default 6)")
-    h = sub.add_parser("hashes", help="print `step <t> <sha256>` of every global batch", parents=[common])
-    h.add_argument("recipe", help="the recipe TOML file")
-    h.add_argument(
-        "--world-size",
-        type=_positive,
-        default=1,
-        help="data-parallel ranks simulated in this process (a divisor of the recipe's lanes; the hashes never change)",
-    )
-    h.add_argument(
-        "--steps",
-        type=_positive,
-        default=10,
-        help="global batches to compute (default 10); with --resume, that many MORE after the resumed step",
-    )
-    h.add_argument(
-        "--workers",
-        type=_count,
-        default=None,
-        help="worker count for every pool (default: the recipe's; never changes data)",
-    )
-    h.add_argument(
-        "--backend",
-        choices=["thread", "process"],
-        default=None,
-        help="worker backend (default: the recipe's; never changes the data)",
-    )
-    h.add_argument(
-        "--save-at",
-        type=_positive,
-        default=None,
-        help="save the lane-keyed state after this many steps (with --checkpoint); stderr says where",
-    )
-    h.add_argument("--checkpoint", default=None, help="folder --save-at writes state.json to (created if missing)")
-    h.add_argument(
-        "--resume",
-        default=None,
-        help="folder (or file) written by --save-at: continue after its step, on any valid world size",
-    )
-    h.add_argument(
-        "--ledger",
-        default=None,
-        metavar="DIR",
-        help="also write the batch ledger a training run on --world-size ranks writes (zephon ledger show DIR)",
-    )
-    h.add_argument(
-        "--digest",
-        choices=["batch", "ledger"],
-        default="batch",
-        help="batch: sha256 of the global batch; ledger: the digest a run's batch ledger records (zephon ledger)",
-    )
-
-
 #: a realized token share this far (absolute) from the declared one is reported as a warning
 SHARE_DRIFT = 0.05
 
@@ -352,61 +287,6 @@ def share_report(recipe: Recipe, realized: Any, steps: int) -> list[str]:
     return out
 
 
-def _add_inspect(sub: Any, common: argparse.ArgumentParser) -> None:
-    i = sub.add_parser(
-        "inspect", help="show the plan: datasets, token shares, lanes; --show N decoded rows", parents=[common]
-    )
-    i.add_argument("recipe", help="the recipe TOML file")
-    i.add_argument("--show", type=_count, default=0, help="decode and print this many rows of the first batch")
-    i.add_argument(
-        "--world-size", type=_positive, default=None, help="show the lane map and memory of this many ranks (default 1)"
-    )
-    i.add_argument("--measure-steps", type=_positive, default=4, help="steps run to measure packing efficiency")
-
-
-def _add_ledger(sub: Any, common: argparse.ArgumentParser) -> None:
-    led = sub.add_parser("ledger", help="batch ledgers: what a run consumed, per step (show, diff)", parents=[common])
-    lsub = led.add_subparsers(dest="ledger_cmd", required=True)
-    ls = lsub.add_parser(
-        "show", help="print `step <t> <digest>` per global batch of a ledger (as hashes --digest ledger)"
-    )
-    ls.add_argument("ledger", help="a run's dump folder, or its zephon_ledger/ folder")
-    ld = lsub.add_parser(
-        "diff", help="compare two ledgers, a ledger and a recipe, or two recipes: first differing step, lanes, data"
-    )
-    ld.add_argument("a", help="ledger folder, dump folder or recipe .toml")
-    ld.add_argument("b", help="ledger folder, dump folder or recipe .toml")
-    ld.add_argument(
-        "--steps", type=_positive, default=None, help="compare global batches 0..N-1 (two recipes: default 100)"
-    )
-    ld.add_argument(
-        "--world-size", type=_positive, default=1, help="ranks a recipe side is computed with (never changes it)"
-    )
-    ld.add_argument(
-        "--recipe-a", default=None, help="recipe of ledger A, to name documents (default: the one it names)"
-    )
-    ld.add_argument("--recipe-b", default=None, help="recipe of ledger B")
-
-
-def _at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``minimum``, refused with a message otherwise."""
-
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {v}")
-        return v
-
-    return parse
-
-
-_positive = _at_least(1)
-_count = _at_least(0)
-
-
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.cmd == "demo":
         return _demo(args)
@@ -421,6 +301,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             recipe_a=args.recipe_a,
             recipe_b=args.recipe_b,
         )
+    if args.cmd == "warm":
+        return run_warm(args.recipe, steps=args.steps, threads=args.threads, use_ray=args.ray, ray_address=args.address)
     recipe = Recipe.from_toml(args.recipe)
     if args.cmd == "hashes":
         if (args.save_at is None) != (args.checkpoint is None):
@@ -458,6 +340,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             said = bad_samples_message(s, est)
             if said is not None:
                 print(f"warning: {said}")
+        said = warm_line(recipe, args.warm_steps)  # before the measuring run below warms the cache
+        if said:
+            print(said)
         names = [d.name for d in recipe.datasets]
         with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
             batches = [next(g) for _ in range(args.measure_steps)]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from zephon.data import BUNDLED_TOKENIZER
 from zephon.recipe import Recipe
 
-__all__ = ["TOKENIZER_DIR", "demo_recipe", "demo_root", "write_demo_recipe"]
+__all__ = ["TOKENIZER_DIR", "demo_recipe", "demo_root", "what_you_saw", "write_demo_recipe"]
 
 TOKENIZER_DIR = BUNDLED_TOKENIZER  # the bundled BPE (zephon.data.BUNDLED_TOKENIZER)
 
@@ -92,3 +94,32 @@ def demo_recipe(root: str | None = None, scale: float = 1.0) -> Recipe:
     (['web', 'code', 'books'], 16, 256)
     """
     return Recipe.from_toml(write_demo_recipe(root, scale))
+
+
+def what_you_saw(recipe: Recipe, batch: Mapping[str, Any], runs: Sequence[str], steps: int, same: bool) -> list[str]:
+    """The demo's closing lines for a newcomer: the batch's shape, what the elastic check compared
+    and its verdict, where the recipe is, what to try next and which page to read.
+
+    >>> import numpy as np, tempfile
+    >>> r = demo_recipe(tempfile.mkdtemp(), scale=0.01)
+    >>> lines = what_you_saw(r, {"input": np.zeros((32, 256))}, ["W=1", "W=2"], 6, True)
+    >>> lines[1]
+    '  - a global batch: 32 rows of 256 tokens (input [32, 256]), mixed from web, code, books by token share'
+    """
+    toml = os.path.join(recipe.base_dir, "demo.toml")
+    shape = ", ".join(str(n) for n in batch["input"].shape)
+    names = ", ".join(d.name for d in recipe.datasets)
+    verdict = "passed" if same else "FAILED (the runs differ: please report it with the table above)"
+    return [
+        "What you just saw:",
+        f"  - a global batch: {recipe.global_batch_size} rows of {recipe.seq_len} tokens (input [{shape}]), "
+        f"mixed from {names} by token share",
+        f"  - the elastic check {verdict}: the {len(runs)} runs of the table (world sizes 1, 2, 4, 8; inline or 2 "
+        f"thread workers; saved on 4 ranks, resumed on 2) made the same {steps} global batches, byte for byte",
+        f"  - the recipe: {toml} ({recipe.lanes} lanes: any world size dividing {recipe.lanes} gets these batches)",
+        "Try next:",
+        f"  zephon inspect {toml} --show 2                  # the plan, token shares, lane map, decoded rows",
+        f"  zephon hashes {toml} --world-size 4 --steps 6   # the hashes above, on 4 simulated ranks",
+        "  edit a weight in the recipe and compare: zephon ledger diff OLD.toml NEW.toml",
+        "Read next: docs/getting-started.md (the quickstart), docs/recipes.md (the recipe's keys), docs/torchtitan.md",
+    ]

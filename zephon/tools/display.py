@@ -459,6 +459,7 @@ def describe_plan(recipe: Any, world_size: int | None = None, draws: int = 4000)
                 f"step {s}: {dict(zip([d.name for d in recipe.datasets], w))}" for s, w in recipe.schedule.phases
             )
         )
+    lines += recipe.describe_phases()
     if world_size:
         for r in range(world_size):
             owned = lanes_of_rank(recipe.lanes, world_size, r)

@@ -20,7 +20,8 @@ from typing import Any, TextIO
 from zephon.data import DataError
 from zephon.engine import StateError
 from zephon.engine.digest import ledger_digest
-from zephon.recipe import LEDGER_DIR, LEDGER_GLOB, LEDGER_VERSION, LedgerWriter, Recipe, RecipeError, dataset_tokens
+from zephon.recipe import Recipe, RecipeError
+from zephon.recipe.ledger import LEDGER_DIR, LEDGER_GLOB, LEDGER_VERSION, LedgerWriter, dataset_tokens
 
 __all__ = [
     "Ledger",
@@ -221,7 +222,8 @@ class RecipeSteps:
                 counts.extend(r.last_lane_counts)
             self._digests.append(lanes)
             self._filtered.append(counts)
-            self._tokens.append(dataset_tokens(b["dataset"], self.recipe.rows_per_lane, len(self.recipe.datasets)))
+            rows = self.recipe.rows_per_lane_at(len(self._tokens))
+            self._tokens.append(dataset_tokens(b["dataset"], rows, len(self.recipe.datasets)))
         return True
 
     def lane_digests(self, batch: int) -> list[str] | None:
@@ -334,7 +336,8 @@ def write_ledgers(
     and filtered documents."""
     if not writers:
         return
-    tokens = dataset_tokens(batch["dataset"], recipe.rows_per_lane, len(recipe.datasets))
+    tokens = dataset_tokens(batch["dataset"], recipe.rows_per_lane_at(t), len(recipe.datasets))
+    shape = (recipe.global_batch_size_at(t), recipe.seq_len_at(t))
     for w in writers:
         lo, hi = w.lane_range.start, w.lane_range.stop
-        w.write(t, digests[lo:hi], tokens[lo:hi], None if filtered is None else filtered[lo:hi])
+        w.write(t, digests[lo:hi], tokens[lo:hi], None if filtered is None else filtered[lo:hi], shape)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon.data import MMRecord, image_header_size
+from zephon.data.datasets import MMRecord, image_header_size
 from zephon.nodes import PartProvenance, Provenance, part_span, provenance_entry, row_spans, sample_layout
 
 from .batch_images import image_blocks, is_multimodal, row_images
@@ -53,7 +53,7 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
     document order, each with ``segment`` (its place among the record's segments), its source
     (``member`` and ``file_bytes``, the tar member and its byte range in the tar file; or
     ``column``, ``row``, ``list_index`` and ``field`` in a Parquet file, see
-    :meth:`zephon.datasets.MultimodalIndex.sources`), ``tokens`` and ``row_positions``. A text
+    :meth:`zephon.data.datasets.MultimodalIndex.sources`), ``tokens`` and ``row_positions``. A text
     entry adds ``chars``, ``bytes`` (UTF-8 range of the caption the row's tokens cover) and
     ``text``; an image entry adds ``index`` (its index in the batch's ``grid_thw`` and image
     order), ``grid``, ``num_bytes``, ``sha256`` (of the encoded image bytes) and ``width`` /

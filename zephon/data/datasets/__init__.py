@@ -1,7 +1,7 @@
 """Dataset layer: raw shards -> per-shard metadata and random-access record reads.
 
 No shuffling or planning happens here: a WorkSource decides which record indices to read;
-this package answers "how many records, how big is each, give me records i, j, k of shard s".
+this package answers "how many records, how big is each, give me records i, j, k of shard s"::
 
     idx = index_dataset("wiki", "data/wiki-*.jsonl.zst")
     idx.num_records, idx.shard_offsets(), idx.record_bytes(0)
@@ -12,7 +12,8 @@ The modules: one per format (``jsonl``, ``text``, ``parquet``, ``arrow``, ``wds`
 ``mm_parquet``), ``resolve`` (paths to shard files), ``cache`` (metadata cache, shard caches,
 pickling), and the two indexes (``index``: text, ``multimodal``: image-text); ``tokens``:
 pretokenized files (numpy, Megatron), whose index reads token-id arrays; ``nodecache``: the
-node-local cache of remote shards (``$ZEPHON_SHARD_CACHE``) and download-ahead.
+node-local cache of remote shards (``$ZEPHON_SHARD_CACHE``) and download-ahead; ``tokencache``:
+the node-local cache of token ids keyed by content (``$ZEPHON_TOKEN_CACHE``).
 """
 
 from .errors import BadRecord, DataError
@@ -23,6 +24,7 @@ from .nodecache import NodeCache, node_cache
 from .protocol import ImageTextShardIndex, ShardIndex
 from .resolve import FORMATS, MM_FORMATS, SAME_FILE, ShardMeta, default_cache_dir
 from .samples import MMRecord, image_header_size
+from .tokencache import TokenCache, token_cache
 from .tokens import (
     BYTES_PER_TOKEN,
     TOKEN_FORMATS,
@@ -54,6 +56,7 @@ __all__ = [
     "NodeCache",
     "ShardIndex",
     "ShardMeta",
+    "TokenCache",
     "TokenIndex",
     "default_cache_dir",
     "image_header_size",
@@ -63,6 +66,7 @@ __all__ = [
     "node_cache",
     "out_of_vocab",
     "read_fields",
+    "token_cache",
     "write_mds",
     "write_megatron",
     "write_tokens",

@@ -387,6 +387,7 @@ def index_dataset(
     same_file: str = "each",
     empty: str = "bad",
     group: Any = None,
+    dtype: str | None = None,
 ) -> DatasetIndex:
     """Find the shards of dataset ``name`` and build (or load cached) per-shard metadata.
 
@@ -410,10 +411,14 @@ def index_dataset(
     group, ``"world"`` (the default group) or an :class:`~zephon.data.datasets.spread.Exchange`;
     each rank indexes a slice of the shards the cache lacks and the slices are exchanged (the
     index is the one a single process builds). Every rank of the group must call it (a collective).
+    ``dtype`` (format "tokens"): the id width of raw ``.bin`` token files, which do not state it.
     """
     if format in TOKEN_FORMATS:  # pretokenized: token files, memory-mapped (see .tokens)
         column = None if text_field == "text" else text_field  # MDS: the token column
-        return index_tokens(name, path, format, max_record_bytes=max_record_bytes, same_file=same_file, column=column)  # type: ignore[return-value]
+        kw = {"dtype": dtype} if dtype is not None else {}
+        return index_tokens(  # type: ignore[return-value]
+            name, path, format, max_record_bytes=max_record_bytes, same_file=same_file, column=column, **kw
+        )
     if empty not in EMPTY:
         raise DataError(f"unknown empty = {empty!r}", dataset=name, fix=f"Use one of {EMPTY}.")
     _check_settings(name, format, text_field, text_mode)

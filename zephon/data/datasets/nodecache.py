@@ -135,7 +135,18 @@ class NodeCache:
         self._pool: ThreadPoolExecutor | None = None
         self.disabled: str | None = None
         self.stats = dict.fromkeys(
-            ("downloads", "bytes_downloaded", "hits", "bytes_read", "waits", "evictions", "fallbacks", "ahead"), 0
+            (
+                "downloads",
+                "bytes_downloaded",
+                "hits",
+                "bytes_read",
+                "waits",
+                "evictions",
+                "fallbacks",
+                "ahead",
+                "corrupt",
+            ),
+            0,
         )
         try:
             os.makedirs(self._objects, exist_ok=True)
@@ -413,6 +424,28 @@ class NodeCache:
         self._touched.pop(name, None)
         self.count("evictions")
         return True
+
+    def drop(self, key: str, what: str) -> None:
+        """Drop entry ``key``, whose bytes are not the object's (a corrupt copy: ``what``), so the
+        next read fetches it again; one warning per process."""
+        with self._mu:
+            fds = self._handles.pop(key, None)
+        for fd in fds or ():
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(key))  # entries are immutable: a corrupt one serves nobody
+        self._touched.pop(key, None)
+        self.count("corrupt")
+        with self._mu:
+            first = "corrupt" not in self._warned
+            self._warned.add("corrupt")
+        if first:
+            warnings.warn(
+                f"zephon's shard cache {self.root!r}: the copy of {what} was corrupt (its bytes are not the ones "
+                "indexed); it was dropped and fetched again. Check the disk of the cache folder",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     # -- download-ahead ----------------------------------------------------------------------
     def prefetch(self, key: str, warm: Callable[[], Any]) -> bool:

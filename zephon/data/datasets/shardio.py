@@ -136,6 +136,8 @@ class ShardFiles(ShardStore):
             try:
                 while chunk := f.read(8 << 20):
                     sink.write(chunk)
+                if sp.size > 0 and sink.written != sp.size:  # a well-formed answer that is not the object
+                    raise ShortBodyError(f"the body was {sink.written} bytes, not the object's {sp.size}")
             except OSError as e:
                 if transient(e):
                     raise
@@ -208,6 +210,21 @@ class ShardFiles(ShardStore):
                 raise
             raise self._io_error(s, e, doing) from None
 
+    def _verified_ranges(
+        self, s: int, offs: list[int], lens: list[int], crcs: np.ndarray, locator: Callable[[int], str]
+    ) -> list[bytes]:
+        """:meth:`_read_ranges`, checked against the indexed CRC-32s: bytes from a corrupt copy in
+        the node cache drop the copy and are fetched again (one warning); then :meth:`_verify`."""
+        raws = self._read_ranges(s, offs, lens)
+        if list(map(zlib.crc32, raws)) != crcs.tolist():
+            cache = self._node_cache(s)
+            if cache is not None:
+                sp = self._specs[s]
+                cache.drop(entry_key(sp.url, sp.version, sp.size), sp.url)
+                raws = self._read_ranges(s, offs, lens)
+        self._verify(s, raws, crcs, locator)
+        return raws
+
     def _verify(self, s: int, raws: Sequence[bytes], crcs: np.ndarray, locator: Callable[[int], str]) -> None:
         """Refuse read units whose bytes are not the ones indexed (``crcs``: their CRC-32s);
         ``locator(k)`` names the k-th."""
@@ -240,8 +257,12 @@ class ShardFiles(ShardStore):
         """Decompressed chunks of shard s, with errors mapped to DataError."""
         sp = self._specs[s]
         f = self._open(s, doing, stream=True)
+        if not sp.local and sp.size > 0:
+            f = _SizedBody(f, sp.size)
         try:
             yield from iter_decompressed(f, sp.compression)
+            if isinstance(f, _SizedBody):
+                f.check()
         except CompressionError as e:
             tool = "gzip -t" if sp.compression == "gzip" else "zstd -t"
             raise self._err(
@@ -338,3 +359,31 @@ class ShardFiles(ShardStore):
             if len(d) > end - o:
                 raise RangeIgnoredError(f"it answered a request for bytes {o}..{end - 1} with {len(d)} bytes")
         return datas
+
+
+class ShortBodyError(ConnectionError):
+    """A remote object's body was shorter or longer than the object's size (a well-formed answer
+    that is not the whole object): retried as a transient fault, then refused naming the URL."""
+
+
+class _SizedBody:
+    """A stream of a remote object that counts its bytes, to refuse a body of the wrong size."""
+
+    def __init__(self, f: Any, size: int) -> None:
+        self.f, self.size, self.n = f, size, 0
+
+    def read(self, k: int = -1) -> bytes:
+        """Up to ``k`` bytes of the body, counted."""
+        b = self.f.read(k)
+        self.n += len(b)
+        return b
+
+    def check(self) -> None:
+        """Raise :class:`ShortBodyError` unless the whole body was the object's size."""
+        if self.n != self.size:
+            what = "short" if self.n < self.size else "long"
+            raise ShortBodyError(f"the body was {self.n} bytes, not the object's {self.size} (a {what} answer)")
+
+    def close(self) -> None:
+        """Close the underlying stream."""
+        self.f.close()

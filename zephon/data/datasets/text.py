@@ -142,8 +142,8 @@ class LineReader(Reader):
         todo = self.drop_oversized(s, idx, lens, out) if (lens > ix.max_record_bytes).any() else np.arange(idx.size)
         if todo.size:
             sel = idx[todo]
-            raws = ix._read_ranges(s, a["offsets"][sel].tolist(), a["lengths"][sel].tolist())
-            ix._verify(s, raws, a["crcs"][sel], lambda k: self.locator(s, int(sel[k])))
+            offs, lens_ = a["offsets"][sel].tolist(), a["lengths"][sel].tolist()
+            raws = ix._verified_ranges(s, offs, lens_, a["crcs"][sel], lambda k: self.locator(s, int(sel[k])))
             parse = self.parser()
             for k, i, (text, reason) in zip(todo.tolist(), sel.tolist(), map(parse, raws)):
                 if reason is None and text is not None:

@@ -6,8 +6,9 @@ whose records are integer arrays):
 * ``format = "tokens"``: a token file ``NAME.npy`` (a 1-D integer array) or ``NAME.bin`` (raw
   little-endian ids) and beside it ``NAME.offsets.npy``: integers ``[documents + 1]``, the first
   0, non-decreasing, the last the token count; document ``i`` is ``tokens[offsets[i]:offsets[i+1]]``.
-  A ``.bin`` file's id width follows from its size and the last offset: 2 bytes a token is
-  ``uint16``, 4 ``int32``, 8 ``int64``, 1 ``uint8``.
+  A ``.bin`` file does not say its id width: the dataset's ``dtype`` ("uint8", "uint16", "int32"
+  or "int64") states it, checked against the file's size and the last offset (without it, a
+  ``.bin`` is refused: an int32 file whose offsets count twice its ids reads as uint16 too).
 * ``format = "megatron"``: Megatron-LM's indexed dataset, ``NAME.bin`` with ``NAME.idx``
   (``MMIDIDX`` header, version 1, dtype code, sequence and document counts, sequence lengths and
   byte pointers, document indices). A document is its sequences, which lie contiguously.
@@ -115,8 +116,10 @@ def out_of_vocab(ids: np.ndarray, vocab_size: int) -> str | None:
 class _Shard:
     """One token file: its ids (memory-mapped, opened lazily per process) and document starts."""
 
-    def __init__(self, name: str, fmt: str, path: str, layout: tuple | None = None) -> None:
-        self.name, self.fmt, self.path = name, fmt, path
+    def __init__(
+        self, name: str, fmt: str, path: str, layout: tuple | None = None, bin_dtype: str | None = None
+    ) -> None:
+        self.name, self.fmt, self.path, self.bin_dtype = name, fmt, path, bin_dtype
         self._raw: np.ndarray | None = None
         if layout is not None:  # MDS: laid out by .mds.mds_shards
             self.side, self.lo, self.n, self.dtype = layout
@@ -147,14 +150,23 @@ class _Shard:
         off = _offsets(self.name, self.side, -1)
         size, n = os.path.getsize(self.path), int(off[-1])
         width = size // n if n and size % n == 0 else 0
-        if width not in _BIN_WIDTH:
+        if self.bin_dtype is None:
+            guess = f" (its size suggests {_BIN_WIDTH[width]!r})" if width in _BIN_WIDTH else ""
             raise _fail(
                 self.name,
                 self.path,
-                f"{size} bytes do not hold the {n} ids its offsets count at 1, 2, 4 or 8 bytes an id",
-                "Check that NAME.offsets.npy belongs to this file (its last value is the token count).",
+                f"a raw .bin does not say the width of its ids{guess}",
+                'State it: dtype = "uint16" (or "uint8", "int32", "int64") in the dataset, or save the ids as .npy.',
             )
-        return off, np.dtype(_BIN_WIDTH[width])
+        dtype = np.dtype(self.bin_dtype)
+        if size != n * dtype.itemsize:
+            raise _fail(
+                self.name,
+                self.path,
+                f"{size} bytes do not hold the {n} ids its offsets count as {self.bin_dtype} ({n * dtype.itemsize} bytes)",
+                "Check the dataset's dtype, and that NAME.offsets.npy belongs to this file (its last value is the token count).",
+            )
+        return off, dtype
 
     def _megatron(self) -> tuple[np.ndarray, np.dtype]:
         fix = "Rebuild the .idx with Megatron's preprocess_data.py (or zephon.data.datasets.tokens.write_megatron)."
@@ -188,9 +200,13 @@ class _Shard:
     def _open_npy(self) -> np.ndarray:
         try:
             ids = np.load(self.path, mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError) as e:
+        except Exception as e:  # a corrupt header raises what numpy's parser meets (tokenize.TokenError...)
+            why = " ".join(str(e).split())[:200] or type(e).__name__
             raise _fail(
-                self.name, self.path, f"cannot read the token array ({e})", "Save it with numpy.save."
+                self.name,
+                self.path,
+                f"cannot read the token array ({type(e).__name__}: {why})",
+                "Save it with numpy.save.",
             ) from None
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
             raise _fail(
@@ -295,10 +311,12 @@ def index_tokens(
     max_record_bytes: int = 32 << 20,
     same_file: str = "each",
     column: str | None = None,
+    dtype: str | None = None,
 ) -> TokenIndex:
     """Index a pretokenized dataset (``format`` "tokens", "megatron" or "mds"): its token files,
     each with its offsets / index file (MDS: folders with ``index.json``; ``column`` names the
-    token column). Local files only (they are memory-mapped)."""
+    token column; ``dtype``: the id width of raw ``.bin`` files of format "tokens"). Local files
+    only (they are memory-mapped)."""
     if format not in TOKEN_FORMATS:
         raise DataError(f"format {format!r} is not pretokenized", dataset=name, fix=f"Use one of {TOKEN_FORMATS}.")
     if format == "mds":
@@ -326,7 +344,7 @@ def index_tokens(
             dataset=name,
             fix=f'Point path at the token files of format = "{format}".',
         )
-    return TokenIndex(name, format, [_Shard(name, format, p) for p in paths], max_record_bytes)
+    return TokenIndex(name, format, [_Shard(name, format, p, bin_dtype=dtype) for p in paths], max_record_bytes)
 
 
 def write_tokens(path: str, docs: Iterable[Sequence[int] | np.ndarray], dtype: str = "uint16") -> None:

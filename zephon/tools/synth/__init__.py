@@ -11,6 +11,7 @@ Document ``i`` depends only on ``(style, seed, i)``: ``generate_documents(s, 50,
 prefix of ``generate_documents(s, 100, k)``.
 
 Styles:
+
 - ``"web"``: prose from a Zipf-distributed English-like vocabulary; log-normal lengths, median
   ~150 words, ~2% long documents of 2,000-8,000 words; optional title, paragraphs.
 - ``"code"``: Python-like modules (imports, functions, classes, indentation, literals,
