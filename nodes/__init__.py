@@ -38,7 +38,7 @@ from .rows import IGNORE_INDEX, LABELS, PartProvenance, Provenance, provenance_e
 from .shuffle import WindowShuffle
 from .skips import MAX_DETAIL_ROWS, SKIP_SHARE_WARNING, SkipCounter, SkipShareWarning, lane_share, reason_class
 from .tokenize import SPLIT_MODES, FetchTokenize, TokDoc, check_token_widths, part_span
-from .userfn import STATEFUL_METHODS, FilterError, StatefulFunction, resolve_function
+from .userfn import STATEFUL_METHODS, FilterError, StatefulFunction, call_bound, call_user, resolve_function
 from .vision import FetchVision, LayoutSpan, MMDoc, sample_layout
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
 
@@ -95,6 +95,8 @@ __all__ = [
     "WindowShuffle",
     "WorkItem",
     "WorkPlan",
+    "call_bound",
+    "call_user",
     "check_token_widths",
     "duplicate_records",
     "expected_distinct",

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
+import regex
 from torchdata.nodes import BaseNode
 
 from zephon.data.datasets import BadRecord, read_fields
@@ -42,7 +42,7 @@ from zephon.engine import StateError, ZNode
 from zephon.engine.node import UPSTREAM, check_state_keys, state_ints, state_node
 
 from .tokenize import FetchTokenize, TokDoc
-from .userfn import FilterError, StatefulFunction, resolve_function
+from .userfn import FilterError, StatefulFunction, call_user, resolve_function
 from .worksource import WorkItem
 
 __all__ = [
@@ -114,8 +114,10 @@ class FilterRule:
     datasets it applies to (indices; None: all) and its parameters:
 
     * ``length``: ``unit`` ("chars" or "tokens", content tokens without BOS/EOS), ``min``, ``max``;
-    * ``regex``: ``pattern`` (``re.search``), ``action`` ("include": keep only matching texts,
-      "exclude": drop them);
+    * ``regex``: ``pattern`` (``re.search`` syntax, matched by the ``regex`` engine with a time
+      bound: ``timeout`` seconds per text, so a catastrophically backtracking pattern stops the
+      run naming the record instead of hanging it), ``action`` ("include": keep only matching
+      texts, "exclude": drop them);
     * ``dedup``: exact duplicates within the dataset (``duplicates``: per dataset, the set of
       global record numbers that are later copies, from :func:`duplicate_records`);
     * ``field``: ``field`` (a metadata field of the record) and ``min`` / ``max`` (numbers) or
@@ -133,6 +135,7 @@ class FilterRule:
     params: Mapping[str, Any] = field(default_factory=dict)
     function: str | None = None
     duplicates: Mapping[int, frozenset[tuple[int, int]]] = field(default_factory=dict)
+    timeout: float | None = None
 
     def applies(self, dataset: int) -> bool:
         """Whether the rule applies to dataset ``dataset`` (an index of the recipe's datasets)."""
@@ -147,7 +150,7 @@ class FilterRule:
             if self.kind in ("function", "transform"):
                 fn = resolve_function(str(self.function))
             elif self.kind == "regex":
-                fn = re.compile(self.params["pattern"]).search
+                fn = regex.compile(self.params["pattern"]).search
             else:
                 fn = len
             self.__dict__["_resolved"] = fn
@@ -171,7 +174,14 @@ class FilterRule:
             lo, hi = p.get("min", 0), p.get("max")
             return text if lo <= n and (hi is None or n <= hi) else FilterVerdict(self.name)
         if k == "regex":
-            hit = self._fn()(text) is not None
+            try:
+                hit = self._fn()(text, timeout=self.timeout) is not None
+            except TimeoutError:
+                raise FilterError(
+                    f"filter {self.name!r} (regex {p['pattern']!r}) did not finish matching within {self.timeout:g} s "
+                    "on {record}: the pattern backtracks catastrophically on this text (nested repetition such as "
+                    "(a+)+); rewrite it without nested or overlapping repetition, or raise [workers] timeout_s"
+                ) from None
             return text if hit == (p.get("action", "exclude") == "include") else FilterVerdict(self.name)
         if k == "dedup":
             return FilterVerdict(self.name) if (shard, record) in self.duplicates.get(dataset, ()) else text
@@ -205,7 +215,7 @@ class FilterRule:
     def _call_user(self, text: str, shard: int, record: int) -> Any:
         where = f"filter {self.name!r} ({self.kind} {self.function!r})"
         try:
-            got = self._fn()(text, **dict(self.params))
+            got = call_user(where, self._fn(), text, **dict(self.params))
         except FilterError:
             raise
         except Exception as e:

@@ -28,12 +28,16 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-__all__ = ["STATEFUL_METHODS", "FilterError", "StatefulFunction", "resolve_function"]
+from zephon.engine.bounded import BoundedCaller, CallTimeoutError
+
+__all__ = ["STATEFUL_METHODS", "FilterError", "StatefulFunction", "call_bound", "call_user", "resolve_function"]
 
 #: the methods a stateful filter's class has besides ``__init__(**params)``
 STATEFUL_METHODS = ("__call__", "state", "load")
@@ -44,6 +48,40 @@ class FilterError(ValueError):
     the rule, its function and the record."""
 
     user_error = True
+
+
+_BOUND = threading.local()
+
+
+@contextmanager
+def call_bound(seconds: float | None) -> Iterator[None]:
+    """Within it, each user-function call made on this thread (:func:`call_user`) must return
+    within ``seconds``: the pre-run checks and token estimation run user code in the main
+    process, where no worker timeout applies, so a slow or hung function is refused there."""
+    prev = getattr(_BOUND, "bound", None)
+    caller = BoundedCaller()
+    _BOUND.bound = (seconds, caller) if seconds is not None else None
+    try:
+        yield
+    finally:
+        _BOUND.bound = prev
+        caller.close()
+
+
+def call_user(where: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """``fn(*args, **kw)``, under the thread's :func:`call_bound` if any: past it, a
+    :class:`FilterError` naming ``where`` (its message holds ``{record}`` for the caller)."""
+    bound = getattr(_BOUND, "bound", None)
+    if bound is None:
+        return fn(*args, **kw)
+    seconds, caller = bound
+    try:
+        return caller.call(seconds, fn, *args, **kw)
+    except CallTimeoutError:
+        raise FilterError(
+            f"{where} did not return within {seconds:g} s on {{record}} (the pre-run checks bound each call of "
+            "user code by [workers] timeout_s); make it faster, or raise [workers] timeout_s"
+        ) from None
 
 
 def resolve_function(path: str) -> Callable[..., Any]:
@@ -90,14 +128,18 @@ class StatefulFunction:
                 "class with __init__(**params), __call__(text) -> bool, state() -> dict and load(state)"
             )
         try:
-            self.obj = cls(**dict(params))
+            self.obj = call_user(self.where, cls, **dict(params))
+        except FilterError:
+            raise
         except Exception as e:
             raise FilterError(f"{self.where}: {path}(**params) raised {type(e).__name__}: {e}; check params") from e
 
     def __call__(self, text: str) -> bool:
         """Keep (True) or drop (False) ``text``; the message of an error holds ``{record}``."""
         try:
-            got = self.obj(text)
+            got = call_user(self.where, self.obj, text)
+        except FilterError:
+            raise
         except Exception as e:
             raise FilterError(
                 f"{self.where} raised {type(e).__name__}: {e} on {{record}}; fix the class (or drop the rule)"
@@ -112,10 +154,12 @@ class StatefulFunction:
     def state(self) -> dict[str, Any]:
         """A deep copy of the instance's state (through JSON: what a checkpoint holds)."""
         try:
-            st = self.obj.state()
+            st = call_user(self.where, self.obj.state)
             if not isinstance(st, dict):
                 raise TypeError(f"state() returned a {type(st).__name__}, not a dict")
             return json.loads(json.dumps(st, sort_keys=True))
+        except FilterError:
+            raise
         except (TypeError, ValueError) as e:
             raise FilterError(
                 f"{self.where}: its state is not JSON ({e}); state() must return a dict of plain values (lists, "
@@ -125,7 +169,9 @@ class StatefulFunction:
     def load(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (a :meth:`state` of any instance with the same params)."""
         try:
-            self.obj.load(json.loads(json.dumps(state)))
+            call_user(self.where, self.obj.load, json.loads(json.dumps(state)))
+        except FilterError:
+            raise
         except Exception as e:
             raise FilterError(f"{self.where}: load(state) raised {type(e).__name__}: {e}") from e
 

@@ -1,7 +1,7 @@
 """The base install imports no optional extra: a guard over the import graph of every module.
 
 A base install (``pip install .``, no extras) has torch, torchdata, numpy, tokenizers, pyarrow,
-fsspec, zstandard, tqdm and pillow, nothing else. A module of the base that imports an extra's
+fsspec, zstandard, regex, tqdm and pillow, nothing else. A module of the base that imports an extra's
 package at import time (``import transformers`` at the top of a file, not inside the function that
 needs it) breaks ``import zephon`` for every user without that extra (issue #34: the base install
 died on ``import PIL`` when pillow was an extra). The scripts/base_check.sh step of the test command

@@ -12,7 +12,7 @@ datasets it names or to all)::
 
     [[filters]]
     kind = "regex"
-    pattern = "lorem ipsum"    # re.search on the text
+    pattern = "lorem ipsum"    # re.search syntax; matched by the regex engine, each match bounded in time
     action = "exclude"         # "exclude" drops matching texts, "include" keeps only them
 
     [[filters]]
@@ -39,7 +39,9 @@ import path, parameters and a fingerprint of its code (the SHA-256 of the module
 and the version of the distribution that ships it), so editing the function is a new data
 definition and a checkpoint written before is refused. Before the run, each user function is
 called twice on a sample of each dataset's records: a function that raises, returns the wrong
-type or answers differently the second time is refused, naming the function and the record. A
+type, answers differently the second time or takes longer than ``[workers] timeout_s`` for one
+call (every call of user code in the main process is bounded so) is refused, naming the function
+and the record. A
 stateful one is run over the sample by one instance, and again by an instance stopped halfway,
 its state passed through JSON into a fresh instance that finishes: any difference is refused.
 A ``field`` rule reads the named fields only for the datasets it applies to; a record without
@@ -63,6 +65,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import regex
 
 from zephon.data.datasets import BadRecord
 from zephon.engine import IndexPermutation
@@ -75,6 +78,7 @@ from zephon.nodes import (
     FilterRule,
     FilterVerdict,
     StatefulFunction,
+    call_bound,
     duplicate_records,
     resolve_function,
 )
@@ -173,6 +177,14 @@ def _params(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
             re.compile(pattern)
         except re.error as e:
             raise _err(where, f"pattern {pattern!r} is not a regular expression: {e}") from None
+        try:  # the engine that matches it (a time bound per match): it must read the pattern as re does
+            regex.compile(pattern)
+        except regex.error as e:
+            raise _err(
+                where,
+                f"pattern {pattern!r} is read by Python's re but not by the regex engine zephon matches with "
+                f"(it bounds each match in time): {e}; rewrite the pattern",
+            ) from None
         if action not in ("include", "exclude"):
             raise _err(where, f'action must be "include" or "exclude", got {action!r}')
         return {"params": {"pattern": pattern, "action": action}}
@@ -278,6 +290,7 @@ def _rules(filters: Sequence[FilterSpec], spec: RecipeSpec) -> list[FilterRule]:
             None if f.datasets is None else tuple(index[d] for d in f.datasets),
             dict(f.params),
             f.function,
+            timeout=spec.workers.for_stage("tokenize").timeout_s,
         )
         for f in filters
     ]
@@ -424,15 +437,16 @@ def with_filters(p: Prepared, filters: Sequence[FilterSpec]) -> Prepared:
     f = p.fetch
     fetch = FilteredTokenize(f.datasets, f.tokenizer, f.on_error, align=f.align, split=f.split, chain=chain)
     estimates = dict(p.estimates)
-    for d, (ds, ix) in enumerate(zip(spec.datasets, p.indexes)):
-        if not any(rule.applies(d) for rule in chain.rules):
-            continue
-        for at, rule in enumerate(chain.rules):
-            if rule.kind == "dedup" and rule.applies(d):
-                rule.duplicates = {**rule.duplicates, d: _dedup(fetch, at, d)}
-        pairs = _sample(ix, spec.seed, d, spec.mixing.estimate_samples)
-        _check_determinism(chain, d, ix, pairs)
-        estimates[ds.name] = filtered_estimate(fetch, d, pairs)
+    with call_bound(spec.workers.for_stage("tokenize").timeout_s):  # user code runs here, in the main process: bounded
+        for d, (ds, ix) in enumerate(zip(spec.datasets, p.indexes)):
+            if not any(rule.applies(d) for rule in chain.rules):
+                continue
+            for at, rule in enumerate(chain.rules):
+                if rule.kind == "dedup" and rule.applies(d):
+                    rule.duplicates = {**rule.duplicates, d: _dedup(fetch, at, d)}
+            pairs = _sample(ix, spec.seed, d, spec.mixing.estimate_samples)
+            _check_determinism(chain, d, ix, pairs)
+            estimates[ds.name] = filtered_estimate(fetch, d, pairs)
     h = hashlib.sha256(p.fingerprint.encode())
     h.update(json.dumps([x.definition() for x in filters], sort_keys=True).encode())
     return dataclasses.replace(

@@ -1,0 +1,37 @@
+"""User functions that take too long on some records: the time bounds of the pre-run checks."""
+
+from __future__ import annotations
+
+import time
+
+
+def sleepy(text: str, seconds: float = 30.0, word: str = "record") -> bool:
+    """A filter that sleeps ``seconds`` on texts holding ``word`` (all of a test corpus)."""
+    if word in text:
+        time.sleep(seconds)
+    return True
+
+
+def sleepy_transform(text: str, seconds: float = 30.0) -> str:
+    """A transform that sleeps ``seconds`` on every text."""
+    time.sleep(seconds)
+    return text
+
+
+class SleepyStateful:
+    """A stateful filter that sleeps on its third call (the pre-run checks reach it)."""
+
+    def __init__(self, seconds: float = 30.0) -> None:
+        self.seconds, self.n = seconds, 0
+
+    def __call__(self, text: str) -> bool:
+        self.n += 1
+        if self.n == 3:
+            time.sleep(self.seconds)
+        return True
+
+    def state(self) -> dict:
+        return {"n": self.n}
+
+    def load(self, state: dict) -> None:
+        self.n = int(state["n"])
