@@ -30,7 +30,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from zephon.data import BadRecord, ChatRenderer, ConversationError, DataError, ShardIndex
-from zephon.data.chat import parse_conversation, select_mask
+from zephon.data.chat import ChatTimeoutError, parse_conversation, select_mask
 from zephon.engine import ProcessLocal
 
 from .pack import Pack
@@ -155,6 +155,11 @@ class FetchChat(ProcessLocal):
             opts = self.options[d]
             try:
                 enc = self.renderers[d].encode(parse_conversation(rec, opts.format, opts.system_prompt))
+            except ChatTimeoutError as e:  # not a bad record (it depends on the machine): the run stops
+                ix = self.datasets[d]
+                raise BadRecord(ix.name, ix.locate(it.shard, it.record)["file"], _locator(ix, it), str(e)).to_error(
+                    "Fix the chat template (or raise [workers] timeout_s)."
+                ) from None
             except ConversationError as e:
                 ix = self.datasets[d]
                 rec = BadRecord(ix.name, ix.locate(it.shard, it.record)["file"], _locator(ix, it), str(e))

@@ -15,6 +15,17 @@ split by the way the mask is found. Which characters are assistant text:
 * it has none: for assistant message ``i``, the characters between the rendering of messages
   ``[:i]`` with the generation prompt and the rendering of messages ``[:i + 1]``, less trailing
   whitespace (the template must render each conversation as a prefix of the next, checked).
+  Rendering every prefix is quadratic in the conversation's length, so a conversation of more
+  than :data:`EXACT_TURNS` assistant turns is rendered once, with each message's start noted as
+  the template reads it (:meth:`ChatRenderer.assistant_spans`); the spans that gives are checked
+  against the prefix renderings of a few turns (first, last, some between) and used only if all
+  agree, else every prefix is rendered as before. A template that ignores
+  ``add_generation_prompt`` (its generation prompt renders empty) would put every assistant
+  header into the assistant text: it is refused, naming the fix.
+
+Rendering is bounded: a conversation's renderings must finish within the renderer's
+``timeout_s`` (a template looping without end stops the run naming the record: a bad record would
+depend on the machine's speed) and stay within :func:`render_limit` characters (a bad record).
 
 A token is an assistant token when its characters overlap assistant text (transformers'
 ``return_assistant_tokens_mask`` rule: a merge that straddles the boundary belongs to the
@@ -29,8 +40,9 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,15 +50,18 @@ import numpy as np
 __all__ = [
     "CHAT_FORMATS",
     "CHAT_TOKENIZER",
+    "EXACT_TURNS",
     "LOSS_ON",
     "ROLES",
     "SHAREGPT_ROLES",
     "TEMPLATES",
     "ChatEncoding",
     "ChatRenderer",
+    "ChatTimeoutError",
     "ConversationError",
     "load_chat_template",
     "parse_conversation",
+    "render_limit",
     "select_mask",
 ]
 
@@ -78,10 +93,123 @@ TEMPLATES = {
     "plain": os.path.join(_ASSETS, "plain.jinja"),
 }
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+#: conversations with at most this many assistant turns are masked by rendering each prefix (a
+#: template without generation markers); longer ones by one rendering, checked on a sample
+EXACT_TURNS = 8
+#: prefix renderings a long conversation's spans are checked against (turns: first, last, between)
+CHECKED_TURNS = 4
 
 
 class ConversationError(ValueError):
     """A conversation that cannot be trained on; the message says which message and why."""
+
+
+class ChatTimeoutError(RuntimeError):
+    """Rendering a conversation took longer than the renderer's ``timeout_s``: not a bad record
+    (whether it happens depends on the machine), so the run stops; the message says the fix."""
+
+    user_error = True
+
+
+def render_limit(conv: dict[str, Any]) -> int:
+    """The most characters a conversation may render to: 1 Mi plus 64 per character of its
+    fields (a template repeats a message a few times at most; one that multiplies it is a bomb).
+
+    >>> render_limit({"messages": [{"role": "user", "content": "hi"}]})
+    1049664
+    """
+    chars = sum(len(t) for m in conv["messages"] for _, t in _strings(m))
+    chars += sum(len(t) for _, t in _strings(conv.get("tools") or []))
+    return (1 << 20) + 64 * chars
+
+
+@dataclass
+class _Budget:
+    """What one conversation's renderings may use, and (one rendering) where each message starts."""
+
+    deadline: float
+    limit: int
+    ids: dict[int, int] = field(default_factory=dict)  # id(message dict) -> its index, when tracking
+    events: list[tuple[int, int]] = field(default_factory=list)  # (message, output chars so far)
+    pos: int = 0
+
+
+_BUDGET = threading.local()
+
+
+def _check(obj: Any = None) -> None:
+    """Called on each attribute, item and call of a template: the time bound, and (when tracking)
+    which message the template reads at which point of its output."""
+    b: _Budget | None = getattr(_BUDGET, "budget", None)
+    if b is None:
+        return
+    if time.monotonic() > b.deadline:
+        raise ChatTimeoutError("timed out")
+    if b.ids:
+        k = b.ids.get(id(obj))
+        if k is not None:
+            b.events.append((k, b.pos))
+
+
+def _bounded(compiled: Any) -> Any:
+    """``compiled`` (transformers' cached template) with its environment's attribute, item and
+    call hooks checking the thread's budget (no budget: as before), and its ``render`` join
+    checking the output size."""
+    env = compiled.environment
+    if env.__dict__.get("_zephon_bounded"):
+        return compiled
+    getattr_, getitem_, call_, concat_ = env.getattr, env.getitem, env.call, env.concat
+
+    def getattr_hook(obj: Any, attribute: str) -> Any:
+        _check(obj)
+        return getattr_(obj, attribute)
+
+    def getitem_hook(obj: Any, argument: Any) -> Any:
+        _check(obj)
+        return getitem_(obj, argument)
+
+    def call_hook(__context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        _check()
+        return call_(__context, __obj, *args, **kwargs)
+
+    def concat_hook(pieces: Any) -> str:
+        b: _Budget | None = getattr(_BUDGET, "budget", None)
+        if b is None:
+            return str(concat_(pieces))
+        out, n = [], 0
+        for piece in pieces:
+            n += len(piece)
+            if n > b.limit:
+                raise ConversationError(_too_long(b.limit))
+            out.append(piece)
+        return "".join(out)
+
+    env.getattr, env.getitem, env.call, env.concat = getattr_hook, getitem_hook, call_hook, concat_hook
+    env.__dict__["_zephon_bounded"] = True
+    return compiled
+
+
+def _too_long(limit: int) -> str:
+    return (
+        f"the chat template renders it to more than {limit} characters (1 Mi plus 64 per character of the "
+        "conversation): it multiplies its input; fix the template"
+    )
+
+
+_NO_PROMPT = (
+    "the chat template has no {% generation %} markers and renders nothing for add_generation_prompt, so the "
+    "assistant text cannot be told from its header (every assistant header would be trained on); add "
+    "{% generation %} markers around the assistant text, or render the assistant header under "
+    "{% if add_generation_prompt %}"
+)
+
+
+def _late(seconds: float) -> str:
+    return (
+        f"the chat template did not finish rendering it within {seconds:g} s ([workers] timeout_s bounds each "
+        "conversation): the template loops too much (nested loops over the messages?); fix the template, or "
+        "raise [workers] timeout_s"
+    )
 
 
 def _strings(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
@@ -244,6 +372,12 @@ def _token_ranges(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int,
     out = []
     starts = np.fromiter((o[0] for o in offsets), np.int64, len(offsets))
     ends = np.fromiter((o[1] for o in offsets), np.int64, len(offsets))
+    if np.all(starts[1:] >= starts[:-1]) and np.all(ends[1:] >= ends[:-1]):
+        # sorted offsets (the usual case): the overlapping tokens are one run, found by bisection
+        # (linear in the conversation, where a scan per turn is quadratic)
+        lo = np.searchsorted(ends, [a for a, _ in spans], side="right")
+        hi = np.searchsorted(starts, [b for _, b in spans], side="left")
+        return [(int(x), int(y)) if x < y else (0, 0) for x, y in zip(lo, hi)]
     for a, b in spans:
         hit = np.flatnonzero((ends > a) & (starts < b))
         out.append((int(hit[0]), int(hit[-1]) + 1) if hit.size else (0, 0))
@@ -257,9 +391,11 @@ class ChatRenderer:
     the template, so a recipe's data changes when its template does.
     """
 
-    def __init__(self, tokenizer_path: str, template: str) -> None:
+    def __init__(self, tokenizer_path: str, template: str, timeout_s: float = 300.0) -> None:
         self.tokenizer_path = os.fspath(tokenizer_path)
         self.template = template
+        self.timeout_s = float(timeout_s)
+        self.exact_turns = EXACT_TURNS
         self.markers = bool(_GENERATION.search(template))
         self.fingerprint = hashlib.sha256(template.encode("utf-8")).hexdigest()[:16]
         self._lock = threading.Lock()
@@ -269,6 +405,24 @@ class ChatRenderer:
             (t.content for t in tok.get_added_tokens_decoder().values() if t.special), key=len, reverse=True
         )
         self._kwargs = self._special_kwargs()
+        self._check_generation_prompt()
+
+    def _check_generation_prompt(self) -> None:
+        """Refuse a template without markers that ignores ``add_generation_prompt``: the assistant
+        text is found after the generation prompt, so an empty one would train on every header."""
+        if self.markers:
+            return
+        answer = "Zq7 answer"
+        probe = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": answer}]}
+        try:
+            with self._budget(probe):
+                bare, _ = self._render(probe, 1, prompt=False)
+                prompted, _ = self._render(probe, 1, prompt=True)
+                whole, _ = self._render(probe)
+        except (ConversationError, ChatTimeoutError):
+            return  # a template that needs more (a system message): its prefixes are checked per conversation
+        if bare == prompted and whole.startswith(bare) and not whole[len(bare) :].startswith(answer):
+            raise ValueError(_NO_PROMPT)  # an assistant header, rendered only with the message
 
     def _special_kwargs(self) -> dict[str, Any]:
         folder = self.tokenizer_path
@@ -304,10 +458,33 @@ class ChatRenderer:
                     self._tok = Tokenizer.from_file(os.path.join(p, "tokenizer.json") if os.path.isdir(p) else p)
         return self._tok
 
+    def _compiled(self) -> Any:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return _bounded(_compile_jinja_template(self.template))
+
+    class _Scope:
+        """The budget of one conversation's renderings, set on the thread while it renders."""
+
+        def __init__(self, budget: _Budget) -> None:
+            self.budget = budget
+
+        def __enter__(self) -> _Budget:
+            self.prev = getattr(_BUDGET, "budget", None)
+            _BUDGET.budget = self.budget
+            return self.budget
+
+        def __exit__(self, *exc: Any) -> None:
+            _BUDGET.budget = self.prev
+
+    def _budget(self, conv: dict[str, Any]) -> ChatRenderer._Scope:
+        return ChatRenderer._Scope(_Budget(time.monotonic() + self.timeout_s, render_limit(conv)))
+
     def _render(self, conv: dict[str, Any], upto: int | None = None, prompt: bool = False) -> tuple[str, list]:
         from transformers.utils.chat_template_utils import render_jinja_template
 
         msgs = conv["messages"] if upto is None else conv["messages"][:upto]
+        self._compiled()
         try:
             out: Any = render_jinja_template(
                 [msgs],
@@ -318,8 +495,15 @@ class ChatRenderer:
                 **self._kwargs,
             )
             texts, spans = out
+        except (ChatTimeoutError, ConversationError) as e:
+            if isinstance(e, ChatTimeoutError):
+                raise ChatTimeoutError(_late(self.timeout_s)) from None
+            raise
         except Exception as e:  # jinja raises many kinds (TemplateError, TypeError, raise_exception)
             raise ConversationError(f"the chat template failed to render it: {type(e).__name__}: {e}") from None
+        b: _Budget | None = getattr(_BUDGET, "budget", None)
+        if b is not None and len(texts[0]) > b.limit:  # the marked path joins without the hook
+            raise ConversationError(_too_long(b.limit))
         return texts[0], (spans[0] if spans else [])
 
     def check_specials(self, conv: dict[str, Any]) -> None:
@@ -342,22 +526,80 @@ class ChatRenderer:
 
     def assistant_spans(self, conv: dict[str, Any]) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the character span of each assistant turn (module doc)."""
-        text, spans = self._render(conv)
-        if self.markers:
-            return text, [(int(a), int(b)) for a, b in spans]
-        out = []
-        for i, m in enumerate(conv["messages"]):
-            if m["role"] != "assistant":
-                continue
-            head, _ = self._render(conv, i, prompt=True)
-            upto, _ = self._render(conv, i + 1)
-            if not (text.startswith(head) and text.startswith(upto) and len(head) <= len(upto)):
-                raise ConversationError(
-                    f"the chat template does not render message {i}'s conversation as a prefix of the whole one, so "
-                    "its assistant text cannot be found without {% generation %} markers; add them to the template"
-                )
-            out.append((len(head), len(upto.rstrip())))
-        return text, out
+        with self._budget(conv):
+            text, spans = self._render(conv)
+            if self.markers:
+                return text, [(int(a), int(b)) for a, b in spans]
+            turns = [i for i, m in enumerate(conv["messages"]) if m["role"] == "assistant"]
+            if len(turns) > self.exact_turns:
+                found = self._tracked_spans(conv, text, turns)
+                if found is not None:
+                    return text, found
+            return text, [self._exact_span(conv, text, i) for i in turns]
+
+    def _exact_span(self, conv: dict[str, Any], text: str, i: int) -> tuple[int, int]:
+        """Assistant message ``i``'s span from the renderings of its prefixes (module doc)."""
+        head, _ = self._render(conv, i, prompt=True)
+        upto, _ = self._render(conv, i + 1)
+        if not (text.startswith(head) and text.startswith(upto) and len(head) <= len(upto)):
+            raise ConversationError(
+                f"the chat template does not render message {i}'s conversation as a prefix of the whole one, so "
+                "its assistant text cannot be found without {% generation %} markers; add them to the template"
+            )
+        return len(head), len(upto.rstrip())
+
+    def _tracked_spans(self, conv: dict[str, Any], text: str, turns: list[int]) -> list[tuple[int, int]] | None:
+        """The spans from one rendering that notes where the template first reads each message
+        (its rendering of the messages before it ends there), checked against the exact spans of
+        :data:`CHECKED_TURNS` turns; None when anything disagrees (the caller renders every prefix)."""
+        try:
+            from transformers.utils.chat_template_utils import _alias_reasoning_fields, _plain_template_data
+        except ImportError:
+            return None
+        b: _Budget = _BUDGET.budget
+        msgs = _alias_reasoning_fields(_plain_template_data(conv["messages"]))
+        b.ids, b.events, b.pos = {id(m): k for k, m in enumerate(msgs)}, [], 0
+        pieces = []
+        try:
+            for piece in self._compiled().generate(
+                messages=msgs,
+                tools=_plain_template_data(conv.get("tools")),
+                documents=None,
+                add_generation_prompt=False,
+                **_plain_template_data(self._kwargs),
+            ):
+                pieces.append(piece)
+                b.pos += len(piece)
+                if b.pos > b.limit:
+                    raise ConversationError(_too_long(b.limit))
+        except ChatTimeoutError:
+            raise ChatTimeoutError(_late(self.timeout_s)) from None
+        except ConversationError:
+            raise
+        except Exception:
+            return None
+        finally:
+            events, b.ids, b.events = b.events, {}, []
+        if "".join(pieces) != text:
+            return None
+        starts, want = [0] * (len(msgs) + 1), 0
+        for k, pos in events:  # message k's rendering starts where the template first reads it, in order
+            if k == want:
+                starts[k], want = pos, want + 1
+        if want < len(msgs):
+            return None
+        starts[len(msgs)] = len(text)
+        picks = sorted({turns[round(j * (len(turns) - 1) / (CHECKED_TURNS - 1))] for j in range(CHECKED_TURNS)})
+        exact = {i: self._exact_span(conv, text, i) for i in picks}
+        prompt = text[starts[picks[0]] : exact[picks[0]][0]]
+        if not prompt or len(prompt) != exact[picks[0]][0] - starts[picks[0]]:
+            return None
+        spans = [(starts[i] + len(prompt), len(text[: starts[i + 1]].rstrip())) for i in turns]
+        if any(not text.startswith(prompt, starts[i]) for i in turns):
+            return None
+        if any(spans[turns.index(i)] != exact[i] for i in picks):
+            return None
+        return spans
 
     def encode(self, conv: dict[str, Any]) -> ChatEncoding:
         """Render ``conv`` (from :func:`parse_conversation`), tokenize it whole, find its turns."""

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from zephon.data import ChatRenderer, ConversationError, ShardIndex
-from zephon.data.chat import load_chat_template, parse_conversation
+from zephon.data.chat import ChatTimeoutError, load_chat_template, parse_conversation
 from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, FetchTokenize, fit_conversation
 
 from .spec import CHAT_KIND, COUNT, RecipeError, RecipeSpec
@@ -69,7 +69,11 @@ def chat_renderers(spec: RecipeSpec) -> dict[int, ChatRenderer]:
         if s.kind != CHAT_KIND:
             continue
         try:
-            out[d] = ChatRenderer(spec.tokenizer.path, load_chat_template(s.chat_template, spec.tokenizer.path))
+            out[d] = ChatRenderer(
+                spec.tokenizer.path,
+                load_chat_template(s.chat_template, spec.tokenizer.path),
+                timeout_s=spec.workers.for_stage("tokenize").timeout_s,
+            )
         except (OSError, ValueError) as e:
             raise RecipeError(f"recipe: dataset {s.name!r}: {e}") from None
     return out
@@ -100,6 +104,11 @@ def estimate_chat(
                 if not isinstance(rec, str):
                     raise ConversationError(str(getattr(rec, "reason", rec)))
                 enc = renderer.encode(parse_conversation(rec, opts.format, opts.system_prompt))
+            except ChatTimeoutError as e:  # not a bad record: whether it happens depends on the machine
+                where = index.locate(s, r)
+                raise RecipeError(
+                    f"recipe: dataset {index.name!r}, file {where['file']!r}, {where['locator']}: {e}"
+                ) from None
             except ConversationError as e:
                 key = str(e).split(":")[0][:60]
                 bad[key] = (bad.get(key, (0, ""))[0] + 1, str(e))

@@ -71,7 +71,7 @@ OWN_DOCS: Mapping[tuple[str, str], str] = {
     ("[[filters]]", "unit"): 'length: "chars" or "tokens" (content tokens, no BOS/EOS)',
     ("[[filters]]", "min"): "length, field: the smallest value kept (inclusive)",
     ("[[filters]]", "max"): "length, field: the largest value kept (inclusive; optional)",
-    ("[[filters]]", "pattern"): "regex: a Python regular expression, re.search on the text",
+    ("[[filters]]", "pattern"): "regex: a Python regular expression, re.search on the text, each match bounded in time",
     ("[[filters]]", "action"): 'regex: "exclude" drops matching texts, "include" keeps only them',
     ("[[filters]]", "field"): "field: the record's metadata field (a JSONL key, a Parquet/Arrow column)",
     ("[[filters]]", "in"): "field: keep only records whose value is one of these",
