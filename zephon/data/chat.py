@@ -589,7 +589,10 @@ class ChatRenderer:
         if want < len(msgs):
             return None
         starts[len(msgs)] = len(text)
-        picks = sorted({turns[round(j * (len(turns) - 1) / (CHECKED_TURNS - 1))] for j in range(CHECKED_TURNS)})
+        picks = sorted(
+            {turns[round(j * (len(turns) - 1) / (CHECKED_TURNS - 1))] for j in range(CHECKED_TURNS)}
+            | set(self._first_of_each_kind(conv["messages"], turns))
+        )
         exact = {i: self._exact_span(conv, text, i) for i in picks}
         prompt = text[starts[picks[0]] : exact[picks[0]][0]]
         if not prompt or len(prompt) != exact[picks[0]][0] - starts[picks[0]]:
@@ -600,6 +603,17 @@ class ChatRenderer:
         if any(spans[turns.index(i)] != exact[i] for i in picks):
             return None
         return spans
+
+    @staticmethod
+    def _first_of_each_kind(msgs: list[dict[str, Any]], turns: list[int]) -> list[int]:
+        """The first assistant turn of each context a template may render differently (the roles
+        before and after it, whether it calls tools): checked too, so a rule that applies only to
+        some turns is met."""
+        seen: dict[tuple[Any, ...], int] = {}
+        for i in turns:
+            after = msgs[i + 1]["role"] if i + 1 < len(msgs) else None
+            seen.setdefault((msgs[i - 1]["role"], after, bool(msgs[i].get("tool_calls"))), i)
+        return list(seen.values())
 
     def encode(self, conv: dict[str, Any]) -> ChatEncoding:
         """Render ``conv`` (from :func:`parse_conversation`), tokenize it whole, find its turns."""
