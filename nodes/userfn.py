@@ -129,8 +129,8 @@ class StatefulFunction:
             )
         try:
             self.obj = call_user(self.where, cls, **dict(params))
-        except FilterError:
-            raise
+        except FilterError as e:
+            raise FilterError(str(e).replace(" on {record}", f" when built as {path}(**params)")) from None
         except Exception as e:
             raise FilterError(f"{self.where}: {path}(**params) raised {type(e).__name__}: {e}; check params") from e
 

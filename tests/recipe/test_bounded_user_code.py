@@ -101,3 +101,13 @@ def test_the_regex_engine_matches_as_re_does():
     for p in PATTERNS:
         a, b = re.compile(p), regex.compile(p)
         assert [bool(a.search(t)) for t in texts] == [bool(b.search(t, timeout=5)) for t in texts], p
+
+
+def test_a_stateful_class_slow_to_build_is_refused_when_the_recipe_is_read(tmp_path):
+    raw = _raw(tmp_path, [{"name": "slow", "kind": "stateful", "function": "slow_user_code:SlowToBuild"}])
+    t0 = time.monotonic()
+    with pytest.raises(
+        RecipeError, match=r"'slow' .*did not return within 1 s when built as slow_user_code:SlowToBuild"
+    ):
+        Recipe.from_dict(raw, str(tmp_path))
+    assert time.monotonic() - t0 < 20

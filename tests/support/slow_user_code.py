@@ -35,3 +35,11 @@ class SleepyStateful:
 
     def load(self, state: dict) -> None:
         self.n = int(state["n"])
+
+
+class SlowToBuild(SleepyStateful):
+    """A stateful filter whose constructor sleeps (run when the recipe is read)."""
+
+    def __init__(self, seconds: float = 30.0) -> None:
+        time.sleep(seconds)
+        super().__init__(seconds)

@@ -277,7 +277,8 @@ def parse_filters(raw: Any, spec: RecipeSpec) -> tuple[FilterSpec, ...]:
                 raise _err(where, f"datasets names {missing[0]!r}, not a dataset of the recipe ({', '.join(names)})")
         if spec.multimodal:
             raise _err(where, "filters apply to text recipes; this recipe has image-text datasets")
-        out.append(FilterSpec(name, kind, None if ds is None else tuple(ds), **_params(where, entry)))
+        with call_bound(spec.workers.for_stage("tokenize").timeout_s):  # a stateful class is built here
+            out.append(FilterSpec(name, kind, None if ds is None else tuple(ds), **_params(where, entry)))
     return tuple(out)
 
 
