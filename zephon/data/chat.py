@@ -419,8 +419,8 @@ class ChatRenderer:
                 bare, _ = self._render(probe, 1, prompt=False)
                 prompted, _ = self._render(probe, 1, prompt=True)
                 whole, _ = self._render(probe)
-        except (ConversationError, ChatTimeoutError):
-            return  # a template that needs more (a system message): its prefixes are checked per conversation
+        except (ConversationError, ChatTimeoutError, ImportError):
+            return  # a template that needs more (a system message), or no renderer installed (said when rendering)
         if bare == prompted and whole.startswith(bare) and not whole[len(bare) :].startswith(answer):
             raise ValueError(_NO_PROMPT)  # an assistant header, rendered only with the message
 
