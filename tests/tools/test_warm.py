@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from text_fixtures import write_corpus, write_recipe
+from text_fixtures import hashes_without_token_cache, write_corpus, write_recipe
 
 from zephon import Recipe, WorkerConfig
 from zephon.data import token_cache
@@ -36,14 +36,7 @@ def recipe_path(corpus):
 
 @pytest.fixture(scope="module")
 def baseline(recipe_path):
-    env = os.environ.pop(tc.ENV_DIR, None)
-    try:
-        return run_hashes(
-            Recipe.from_toml(recipe_path), world_size=1, steps=STEPS, workers=WorkerConfig(0), out=io.StringIO()
-        )
-    finally:
-        if env is not None:
-            os.environ[tc.ENV_DIR] = env
+    return hashes_without_token_cache(recipe_path, STEPS)
 
 
 @pytest.fixture

@@ -102,15 +102,17 @@ def run_warm(
                 next(g)
                 bar(t + 1, steps, {"tokenized": cache.stats["written"], "tokens": 0})
         cache.flush(600.0)
+        cache.publish()
         counts = {"items": cache.stats["hits"] + cache.stats["misses"], "tokenized": cache.stats["misses"]}
     elif use_ray:
         counts = warm_on_ray(recipe, address=ray_address, progress=bar)
     else:
         counts = warm_local(recipe, threads=threads or os.cpu_count() or 1, progress=bar)
+    tier = "" if cache.remote is None else f"; its remote tier is {cache.remote.url}"
     print(
         f"zephon warm: {counts.get('items', 0):,} documents planned, {counts.get('tokenized', 0):,} tokenized "
         f"now (the others were warm), in {time.monotonic() - t0:.1f} s; cache {cache.root} holds "
-        f"{cache.size_bytes() / 1e6:.1f} MB",
+        f"{cache.size_bytes() / 1e6:.1f} MB{tier}",
         file=sys.stderr,
     )
     return 0
