@@ -3,7 +3,8 @@
 a corrupted remote version is never used (a torn object and an entry with a bad CRC), and the
 node's own version replaces it for the next node; with the server killed the run goes on with
 one warning; ``zephon warm`` publishes what it warmed. Batches are those without a cache in
-every case; a plain folder serves as the tier too."""
+every case; a plain folder serves as the tier too; the loader metrics count what came from
+the tier; a Ray warm job publishes for the other nodes."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from zephon.data import token_cache
 from zephon.data.datasets import tokencache as tc
 from zephon.data.datasets import tokenremote
 from zephon.data.datasets.tokenremote import version_of
+from zephon.recipe import LoaderMetrics
 from zephon.tools.cli import main, run_hashes
+from zephon.tools.warm import warm_on_ray
 
 BUCKET = "zephon-tokens"
 REMOTE = f"s3://{BUCKET}/cache"
@@ -153,8 +156,31 @@ def test_zephon_warm_publishes_what_it_warmed(recipe_path, baseline, s3, tmp_pat
     assert got == baseline and counted["misses"] == counted["written"] == 0 and counted["remote_hits"] > 0
 
 
-def test_a_shared_folder_serves_as_the_tier(recipe_path, baseline, tmp_path, monkeypatch):
+def test_a_shared_folder_serves_as_the_tier_and_the_metrics_count_it(recipe_path, tmp_path, monkeypatch):
     monkeypatch.setenv(tc.ENV_REMOTE, str(tmp_path / "shared"))  # any fsspec URL: here a plain folder
     run_node(recipe_path, tmp_path / "node-a", monkeypatch, 3 * STEPS)[2].close()
+    monkeypatch.setenv(tc.ENV_DIR, str(tmp_path / "node-b"))
+    recipe = Recipe.from_toml(recipe_path)
+    m = LoaderMetrics(recipe)
+    with recipe.router(world_size=1, rank=0, workers=WorkerConfig(0)) as router:
+        for _ in range(STEPS):
+            m.record(next(router))
+        got = m.collect(router.summary_metrics())
+    assert got["zephon/token_cache/remote_hits"] > 0 and got["zephon/token_cache/remote_bytes"] > 0
+    assert got["zephon/token_cache/misses"] == 0 and got["zephon/token_cache/hit_share"] == 1.0
+
+
+@pytest.mark.slow  # a local Ray cluster and an S3 server: ~25 s on 2 cores
+@pytest.mark.timeout(300)
+def test_a_ray_warm_job_publishes_for_the_other_nodes(recipe_path, baseline, s3, tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[dev]' or '.[ray]')")
+    _, fs = s3
+    monkeypatch.setenv(tc.ENV_DIR, str(tmp_path / "ray-node"))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # its workers get this environment
+    try:
+        counts = warm_on_ray(Recipe.from_toml(recipe_path))
+    finally:
+        ray.shutdown()
+    assert counts["tokenized"] == counts["items"] > 0 and versions(fs)
     got, counted, _ = run_node(recipe_path, tmp_path / "node-b", monkeypatch)
     assert got == baseline and counted["misses"] == counted["written"] == 0 and counted["remote_hits"] > 0
