@@ -4,9 +4,9 @@ machine or as a Ray job spread over a cluster's CPUs (``--ray``, the optional ``
 Why Ray: it is the engine users already run for batch data work; one task per shard, each
 writing into the token cache folder of the node it runs on and publishing what it wrote to the
 cache's object-storage tier (``$ZEPHON_TOKEN_CACHE_REMOTE``), which makes one warm cache for the
-cluster. The tasks call the recipe's own
-tokenize function, so the entries are the loader's. Resumable after a kill and idempotent: done
-shards are skipped, done entries are not tokenized again.
+cluster. The tasks call the recipe's own tokenize function, so the entries are the loader's.
+Resumable after a kill and idempotent: done shards are skipped, done entries are not tokenized
+again.
 """
 
 from __future__ import annotations
