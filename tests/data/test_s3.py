@@ -11,7 +11,7 @@ import signal
 import time
 
 import pytest
-from storage_server import MotoServer
+from storage_server import moto_bucket
 from text_fixtures import write_corpus, write_recipe
 
 pytest.importorskip("moto", reason="moto[server] is not installed (pip install -e '.[dev]')")
@@ -27,19 +27,8 @@ BUCKET = "zephon-test"
 @pytest.fixture
 def s3(monkeypatch):
     """A fresh server, with the environment s3fs reads (credentials, endpoint) pointing at it."""
-    server = MotoServer()
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", server.url)
-    s3fs.S3FileSystem.clear_instance_cache()  # an instance keeps the endpoint it was made with
-    fs = s3fs.S3FileSystem()
-    fs.mkdir(BUCKET)
-    try:
-        yield server, fs
-    finally:
-        server.stop()
-        s3fs.S3FileSystem.clear_instance_cache()
+    with moto_bucket(monkeypatch, BUCKET) as got:
+        yield got
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,11 @@ import warnings
 
 import numpy as np
 import pytest
-from text_fixtures import write_corpus, write_recipe
+from text_fixtures import hashes_without_token_cache, write_corpus, write_recipe
 
 from zephon import Recipe, WorkerConfig
 from zephon.data import token_cache
+from zephon.data.datasets import tokenblock
 from zephon.data.datasets import tokencache as tc
 from zephon.tools.cli import run_hashes
 
@@ -48,14 +49,7 @@ def recipe(recipe_path, folder):
 @pytest.fixture(scope="module")
 def baseline(recipe_path):
     """The batches without a token cache (any W and worker count gives these)."""
-    env = os.environ.pop(tc.ENV_DIR, None)
-    try:
-        return run_hashes(
-            Recipe.from_toml(recipe_path), world_size=1, steps=STEPS, workers=WorkerConfig(0), out=io.StringIO()
-        )
-    finally:
-        if env is not None:
-            os.environ[tc.ENV_DIR] = env
+    return hashes_without_token_cache(recipe_path, STEPS)
 
 
 @pytest.fixture
@@ -270,7 +264,7 @@ def test_ids_are_stored_at_the_tokenizers_width(tmp_path):
         path, tag = cache.block_path(f"w{width}", "shard", 0)
         e = entry(1000, top)
         cache.append(path, tag, width, [((0, 0, 1), e)])
-        assert os.path.getsize(path) == tc._FRAME + 1000 * width
+        assert os.path.getsize(path) == tokenblock._FRAME + 1000 * width
         assert cache.get_many(path, tag, [(0, 0, 1)])[0].tokens.tolist() == e.tokens.tolist()
     assert tc.width_of(65_536) == 2 and tc.width_of(65_537) == 4
 

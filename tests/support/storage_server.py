@@ -5,6 +5,7 @@ server in its own process (:class:`MotoServer`)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import signal
@@ -13,7 +14,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 class FaultyServer:
@@ -159,3 +162,24 @@ class MotoServer:
             self.p.send_signal(signal.SIGCONT)
             self.p.kill()
         self.p.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def moto_bucket(monkeypatch: Any, bucket: str, log: str | None = None) -> Iterator[tuple[MotoServer, Any]]:
+    """A fresh :class:`MotoServer` with an empty ``bucket``, the environment s3fs reads
+    (credentials, endpoint) pointing at it for the test; yields the server and an s3fs file system."""
+    import s3fs  # a test extra: the tests that call this skip without it
+
+    server = MotoServer(log=log)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.url)
+    s3fs.S3FileSystem.clear_instance_cache()  # an instance keeps the endpoint it was made with
+    fs = s3fs.S3FileSystem()
+    fs.mkdir(bucket)
+    try:
+        yield server, fs
+    finally:
+        server.stop()
+        s3fs.S3FileSystem.clear_instance_cache()

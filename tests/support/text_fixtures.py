@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 
+from zephon import Recipe, WorkerConfig
+from zephon.data.datasets import tokencache as tc
+from zephon.tools.cli import run_hashes
 from zephon.tools.demo import TOKENIZER_DIR
 from zephon.tools.synth import make_demo_corpus
 
@@ -74,3 +78,16 @@ def write_recipe(
             )
         )
     return path
+
+
+def hashes_without_token_cache(recipe_path: str, steps: int) -> list[str]:
+    """The global-batch hashes of ``steps`` steps of a recipe with no token cache set (W = 1,
+    inline workers; any W and worker count gives these): what every cached run must equal."""
+    env = os.environ.pop(tc.ENV_DIR, None)
+    try:
+        return run_hashes(
+            Recipe.from_toml(recipe_path), world_size=1, steps=steps, workers=WorkerConfig(0), out=io.StringIO()
+        )
+    finally:
+        if env is not None:
+            os.environ[tc.ENV_DIR] = env

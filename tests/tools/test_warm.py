@@ -10,13 +10,14 @@ import subprocess
 import sys
 
 import pytest
-from text_fixtures import write_corpus, write_recipe
+from text_fixtures import hashes_without_token_cache, write_corpus, write_recipe
 
 from zephon import Recipe, WorkerConfig
 from zephon.data import token_cache
 from zephon.data.datasets import tokencache as tc
 from zephon.recipe.warm import shard_items, warm_local, warm_shard, warm_units
 from zephon.tools.cli import main, run_hashes
+from zephon.tools.warm import warm_on_ray
 
 STEPS = 6
 
@@ -35,14 +36,7 @@ def recipe_path(corpus):
 
 @pytest.fixture(scope="module")
 def baseline(recipe_path):
-    env = os.environ.pop(tc.ENV_DIR, None)
-    try:
-        return run_hashes(
-            Recipe.from_toml(recipe_path), world_size=1, steps=STEPS, workers=WorkerConfig(0), out=io.StringIO()
-        )
-    finally:
-        if env is not None:
-            os.environ[tc.ENV_DIR] = env
+    return hashes_without_token_cache(recipe_path, STEPS)
 
 
 @pytest.fixture
@@ -126,11 +120,9 @@ def test_warm_refuses_without_a_cache(recipe_path, monkeypatch, capsys):
     assert "ZEPHON_TOKEN_CACHE" in capsys.readouterr().err
 
 
-@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_ray_warm_job_fills_exactly_what_the_loader_reads(recipe_path, baseline, folder, tmp_path, monkeypatch):
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
-    from zephon.tools.warm import warm_on_ray
-
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[dev]' or '.[ray]')")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         counts = warm_on_ray(Recipe.from_toml(recipe_path))
@@ -142,4 +134,16 @@ def test_a_ray_warm_job_fills_exactly_what_the_loader_reads(recipe_path, baselin
     warm_local(Recipe.from_toml(recipe_path))
     assert entries(tmp_path / "local") == on_ray  # the same blocks, entries and ids as a local warm job
     monkeypatch.setenv(tc.ENV_DIR, str(folder))
+    assert loader_misses(recipe_path) == (baseline, 0)
+
+
+@pytest.mark.slow  # ~22 s alone on 2 cores, a Ray cluster of its own in a subprocess
+@pytest.mark.timeout(300)
+def test_zephon_warm_ray_on_the_command_line_fills_what_the_loader_reads(recipe_path, baseline, folder):
+    pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[dev]' or '.[ray]')")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local cluster of its own
+    cmd = [sys.executable, "-m", "zephon", "warm", recipe_path, "--ray"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "tokenized now" in out.stderr and " 0 tokenized" not in out.stderr
     assert loader_misses(recipe_path) == (baseline, 0)

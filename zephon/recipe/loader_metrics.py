@@ -20,6 +20,7 @@ turns them, and what it sees of each batch, into per-interval numbers under one 
 ``<p>token_cache/hits``, ``misses``             documents read from / not found in the node's token cache
 ``<p>token_cache/hit_share``                    hits / (hits + misses) in the interval
 ``<p>token_cache/bytes_read``, ``bytes_written`` bytes of ids read from / written to it in the interval
+``<p>token_cache/remote_hits``, ``remote_bytes`` entries merged from / bytes fetched from its remote tier
 ==============================================  =====================================================
 
 The token cache's numbers (``$ZEPHON_TOKEN_CACHE`` set) count the documents this process
@@ -123,7 +124,9 @@ class LoaderMetrics:
         cache = token_cache()
         if cache is None:
             return {}
-        now = {k: cache.stats[k] for k in ("hits", "misses", "bytes_read", "bytes_written")}
+        now = {
+            k: cache.stats[k] for k in ("hits", "misses", "bytes_read", "bytes_written", "remote_hits", "remote_bytes")
+        }
         d = {k: v - self._cache_last.get(k, 0) for k, v in now.items()}
         self._cache_last = now
         out: dict[str, float] = {f"{self.prefix}token_cache/{k}": v for k, v in d.items()}

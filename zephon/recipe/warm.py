@@ -105,10 +105,13 @@ def _key(it: WorkItem) -> tuple[int, int, int]:
 
 def warm_shard(fetch: Any, plan_items: list[WorkItem]) -> dict[str, int]:
     """Tokenize the items of one shard that the cache lacks (through ``fetch``, so the entries
-    are the loader's), and wait until they are written. Returns counts: items, tokenized, tokens.
-    A bad record is left out (the run that reads it raises or skips it, as its policy says)."""
+    are the loader's), wait until they are written and publish them to the cache's remote tier
+    if it has one (entries another node published are merged in, not tokenized). Returns counts:
+    items, tokenized, tokens. A bad record is left out (the run that reads it raises or skips it,
+    as its policy says)."""
     cache = token_cache(fetch.token_cache)
-    assert cache is not None  # checked by check_warmable
+    if cache is None:
+        raise RecipeError("zephon warm: this process has no token cache (set ZEPHON_TOKEN_CACHE where it runs)")
     todo = _missing(fetch, cache, plan_items)
     tokens = 0
     for i in range(0, len(todo), WARM_CHUNK):
@@ -124,6 +127,8 @@ def warm_shard(fetch: Any, plan_items: list[WorkItem]) -> dict[str, int]:
                     continue
         tokens += sum(int(d.tokens.size) for d in docs)
     cache.flush(600.0)
+    if todo:
+        cache.publish(sorted({pl[0] for pl in cache_places(fetch, cache, todo) if pl is not None}))
     return {"items": len(plan_items), "tokenized": len(todo), "tokens": tokens}
 
 

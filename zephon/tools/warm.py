@@ -2,10 +2,11 @@
 machine or as a Ray job spread over a cluster's CPUs (``--ray``, the optional ``ray`` extra).
 
 Why Ray: it is the engine users already run for batch data work; one task per shard, each
-writing into the token cache folder of the node it runs on (a folder the nodes share, such as
-a network file system, makes one warm cache for the cluster). The tasks call the recipe's own
-tokenize function, so the entries are the loader's. Resumable after a kill and idempotent: done
-shards are skipped, done entries are not tokenized again.
+writing into the token cache folder of the node it runs on and publishing what it wrote to the
+cache's object-storage tier (``$ZEPHON_TOKEN_CACHE_REMOTE``), which makes one warm cache for the
+cluster. The tasks call the recipe's own tokenize function, so the entries are the loader's.
+Resumable after a kill and idempotent: done shards are skipped, done entries are not tokenized
+again.
 """
 
 from __future__ import annotations
@@ -102,15 +103,17 @@ def run_warm(
                 next(g)
                 bar(t + 1, steps, {"tokenized": cache.stats["written"], "tokens": 0})
         cache.flush(600.0)
+        cache.publish()
         counts = {"items": cache.stats["hits"] + cache.stats["misses"], "tokenized": cache.stats["misses"]}
     elif use_ray:
         counts = warm_on_ray(recipe, address=ray_address, progress=bar)
     else:
         counts = warm_local(recipe, threads=threads or os.cpu_count() or 1, progress=bar)
+    tier = "" if cache.remote is None else f"; its remote tier is {cache.remote.url}"
     print(
         f"zephon warm: {counts.get('items', 0):,} documents planned, {counts.get('tokenized', 0):,} tokenized "
         f"now (the others were warm), in {time.monotonic() - t0:.1f} s; cache {cache.root} holds "
-        f"{cache.size_bytes() / 1e6:.1f} MB",
+        f"{cache.size_bytes() / 1e6:.1f} MB{tier}",
         file=sys.stderr,
     )
     return 0

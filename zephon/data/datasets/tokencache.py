@@ -33,6 +33,11 @@ How it stays correct when many processes share the folder:
   used blocks (under one folder-wide lock; a block a writer holds is skipped). A reader keeps the
   unlinked file open and its bytes stay valid.
 * A folder that cannot be used means no cache, with one warning per process.
+
+With ``$ZEPHON_TOKEN_CACHE_REMOTE`` set to an fsspec URL the blocks are also shared through object
+storage by the nodes of a cluster (:mod:`.tokenremote`): a block that lacks entries locally is
+merged with the checked entries of its published versions before it is read, and blocks this
+process wrote are published in the background.
 """
 
 from __future__ import annotations
@@ -42,25 +47,25 @@ import collections
 import contextlib
 import fcntl
 import hashlib
+import multiprocessing.util
 import os
 import queue
-import struct
 import threading
 import time
 import warnings
-import zlib
 from collections.abc import Sequence
-from typing import Any, NamedTuple
-
-import numpy as np
+from typing import Any
 
 from .index import DatasetIndex, content_version
 from .retry import env_number
+from .tokenblock import FORMAT_VERSION, TokenEntry, _Block, checked_entries, frame, width_of
+from .tokenremote import ENV_REMOTE, RemoteTier
 
 __all__ = [
     "BLOCK_RECORDS",
     "ENV_DIR",
     "ENV_GB",
+    "ENV_REMOTE",
     "TokenCache",
     "TokenEntry",
     "cache_setting",
@@ -74,116 +79,24 @@ ENV_GB = "ZEPHON_TOKEN_CACHE_GB"
 _DEFAULT_GB = 32.0
 #: records of a shard per block file (a block of small documents is ~1 MB)
 BLOCK_RECORDS = 1024
-#: 1: framed entries (magic, block tag, record, part, parts, offset, count, width, flags, CRCs)
-FORMAT_VERSION = 1
-_MAGIC = b"ZTC1"
-_HDR = struct.Struct("<4s8sqiiqIBB2x")  # then a CRC-32 of these bytes and the ids, then the ids
-_CRC = struct.Struct("<I")
-_FRAME = _HDR.size + _CRC.size
 _BLOCKS_KEPT = 64  # block indexes (and open files) a process keeps
 _TOUCH_S = 5.0  # a block's last-use time is refreshed at most this often per process
 _QUEUE_BYTES = 256 << 20  # ids waiting for the writer; more are dropped (the cache is optional)
 _CHECK_BYTES = 64 << 20  # the folder's size is checked against the cap after this many written
 
 
-class TokenEntry(NamedTuple):
-    """One cached tokenization: the ids (int32), ``offset`` (where they start in the document's
-    tokens, for a "tokens"-mode part) and ``text_part`` (a part cut from the text)."""
-
-    tokens: np.ndarray
-    offset: int = 0
-    text_part: bool = False
-
-
-def width_of(vocab_size: int) -> int:
-    """Bytes per stored id: 2 when every id fits in uint16, else 4.
-
-    >>> width_of(50_000), width_of(128_256)
-    (2, 4)
-    """
-    return 2 if vocab_size <= 1 << 16 else 4
-
-
 def _digest(*parts: Any) -> str:
     return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:40]
 
 
-def frame(tag: bytes, key: tuple[int, int, int], e: TokenEntry, width: int) -> bytes:
-    """The bytes of one entry in a block file (header, ids at ``width`` bytes, CRC-32)."""
-    ids = np.asarray(e.tokens).astype(np.uint16 if width == 2 else np.uint32).tobytes()
-    hdr = _HDR.pack(_MAGIC, tag, key[0], key[1], key[2], int(e.offset), len(ids) // width, width, int(e.text_part))
-    return hdr + _CRC.pack(zlib.crc32(ids, zlib.crc32(hdr))) + ids
-
-
-class _Block:
-    """One block file as this process knows it: the entries parsed so far (key -> position),
-    the open file, and where the valid frames end. Guarded by its own lock."""
-
-    def __init__(self, path: str, tag: bytes) -> None:
-        self.path, self.tag = path, tag
-        self.lock = threading.Lock()
-        self.fd = -1
-        self.ino = -1
-        self.end = 0  # end of the last valid frame parsed
-        # key -> (ids' file offset, count, width, CRC, text_part, offset)
-        self.entries: dict[tuple[int, int, int], tuple[int, int, int, int, bool, int]] = {}
-        self.touched = 0.0
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def refresh(self) -> None:
-        """Parse the frames appended since the last look (reopen if the file was replaced)."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            self.close()
-            self.entries, self.end, self.ino = {}, 0, -1
-            return
-        if st.st_ino != self.ino or self.fd < 0:
-            self.close()
-            self.fd = os.open(self.path, os.O_RDONLY)
-            self.ino, self.end, self.entries = os.fstat(self.fd).st_ino, 0, {}
-        if st.st_size > self.end:
-            self.end = self.parse(os.pread(self.fd, st.st_size - self.end, self.end), self.end)
-
-    def parse(self, buf: bytes, base: int) -> int:
-        """Record the complete frames of ``buf`` (read at file offset ``base``); returns where the
-        valid frames end (an incomplete or corrupt header ends the parse)."""
-        pos = 0
-        while pos + _FRAME <= len(buf):
-            magic, tag, rec, part, parts, off, n, width, flags = _HDR.unpack_from(buf, pos)
-            end = pos + _FRAME + n * width
-            if magic != _MAGIC or width not in (2, 4) or end > len(buf):
-                break
-            if tag == self.tag:  # a frame of another block (a copied file) is skipped
-                (crc,) = _CRC.unpack_from(buf, pos + _HDR.size)
-                self.entries[rec, part, parts] = (base + pos + _FRAME, n, width, crc, bool(flags & 1), off)
-            pos = end
-        return base + pos
-
-    def read(self, key: tuple[int, int, int]) -> TokenEntry | None:
-        """The entry of ``key`` if present and intact (a corrupt one is forgotten: a miss)."""
-        got = self.entries.get(key)
-        if got is None:
-            return None
-        at, n, width, crc, text_part, off = got
-        ids = os.pread(self.fd, n * width, at)
-        hdr = _HDR.pack(_MAGIC, self.tag, key[0], key[1], key[2], off, n, width, int(text_part))
-        if len(ids) != n * width or zlib.crc32(ids, zlib.crc32(hdr)) != crc:
-            del self.entries[key]
-            return None
-        return TokenEntry(np.frombuffer(ids, np.uint16 if width == 2 else np.uint32).astype(np.int32), off, text_part)
-
-
 class TokenCache:
-    """The token cache in folder ``root``, at most ``limit_bytes`` of blocks. ``stats`` counts this
-    process's work: hits, misses, bytes read, entries and bytes written, corrupt entries met,
-    entries dropped (writer behind), evictions."""
+    """The token cache in folder ``root``, at most ``limit_bytes`` of blocks, shared through the
+    object-storage tier at URL ``remote`` if given. ``stats`` counts this process's work: hits,
+    misses, bytes read, entries and bytes written, corrupt entries met, entries dropped (writer
+    behind), evictions; and of the remote tier: entries merged from it (``remote_hits``), bytes
+    fetched, corrupt versions or entries ignored, versions and bytes published."""
 
-    def __init__(self, root: str, limit_bytes: int) -> None:
+    def __init__(self, root: str, limit_bytes: int, remote: str = "") -> None:
         self.root = os.path.abspath(root)
         self.limit = int(limit_bytes)
         self._dir = os.path.join(self.root, "blocks")
@@ -196,8 +109,12 @@ class TokenCache:
         self._warned: set[str] = set()
         self.disabled: str | None = None
         self.stats = dict.fromkeys(
-            ("hits", "misses", "bytes_read", "written", "bytes_written", "corrupt", "dropped", "evictions"), 0
+            ("hits", "misses", "bytes_read", "written", "bytes_written", "corrupt", "dropped", "evictions")
+            + ("remote_hits", "remote_bytes", "remote_corrupt", "published", "bytes_published"),
+            0,
         )
+        self._remote_url = remote
+        self.remote = RemoteTier(remote, self.pack, self.count, self._warn_remote) if remote else None
         try:
             os.makedirs(self._dir, exist_ok=True)
             if not os.access(self._dir, os.W_OK):
@@ -221,6 +138,15 @@ class TokenCache:
         warnings.warn(
             f"zephon's token cache {self.root!r}: {reason}; documents are tokenized without it. "
             f"Point ${ENV_DIR} at a writable local folder with room, or raise ${ENV_GB}.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _warn_remote(self, reason: str) -> None:
+        warnings.warn(
+            f"zephon's token cache: the remote tier {self._remote_url!r} is given up for this process ({reason}); "
+            f"the local cache {self.root!r} goes on alone (batches are unchanged). Check the storage and its "
+            f"credentials, or unset ${ENV_REMOTE}.",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -267,6 +193,7 @@ class TokenCache:
         if self.disabled is not None:
             return [None] * len(keys)
         b = self._block(path, tag)
+        self._pull_lacking(b, keys)
         out: list[TokenEntry | None] = []
         corrupt = nbytes = 0
         with b.lock:
@@ -299,10 +226,60 @@ class TokenCache:
         if self.disabled is not None:
             return [False] * len(keys)
         b = self._block(path, tag)
+        self._pull_lacking(b, keys)
         with b.lock:
             with contextlib.suppress(OSError):
                 b.refresh()
             return [k in b.entries for k in keys]
+
+    # -- the remote tier -----------------------------------------------------------------------
+    def _pull_lacking(self, b: _Block, keys: Sequence[tuple[int, int, int]]) -> None:
+        """With a remote tier, merge block ``b``'s published versions into it first if it lacks
+        any of ``keys`` (one listing per block per minute at most)."""
+        if self.remote is None or self.remote.failed is not None:
+            return
+        with b.lock:
+            with contextlib.suppress(OSError):
+                if any(k not in b.entries for k in keys):
+                    b.refresh()
+            lacking = any(k not in b.entries for k in keys)
+        if lacking:
+            self.pull(b.path, b.tag)
+
+    def pull(self, path: str, tag: bytes) -> int:
+        """Merge into block ``path`` the intact entries of its remote versions not fetched yet
+        (each version checked against its digest, each entry against its tag and CRC); returns
+        the entries added."""
+        added = 0
+
+        def merge(data: bytes) -> None:
+            nonlocal added
+            by_width, bad = checked_entries(data, tag)
+            self.count("remote_corrupt", bad)
+            for width, items in by_width.items():
+                with contextlib.suppress(OSError):
+                    added += self.append(path, tag, width, items, pulled=True)
+
+        if self.remote is not None:
+            self.remote.fetch_new(os.path.basename(path), merge)
+        return added
+
+    def pack(self, path: str, tag: bytes) -> bytes | None:
+        """What to publish of block ``path``: its intact entries in key order (equal entries give
+        equal bytes, so one object name); None when it holds none or cannot be read."""
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        by_width, _ = checked_entries(data, tag)
+        frames = sorted((k, frame(tag, k, e, w)) for w, items in by_width.items() for k, e in items)
+        return b"".join(f for _, f in frames) or None
+
+    def publish(self, paths: Sequence[str] | None = None) -> int:
+        """Publish now the blocks this process wrote (those of ``paths``; default all) to the
+        remote tier; returns the objects written (0 without a tier)."""
+        return 0 if self.remote is None else self.remote.publish(paths=paths)
 
     # -- writing -------------------------------------------------------------------------------
     def put_many(
@@ -348,10 +325,16 @@ class TokenCache:
                 self._queue.task_done()
 
     def append(
-        self, path: str, tag: bytes, width: int, items: Sequence[tuple[tuple[int, int, int], TokenEntry]]
+        self,
+        path: str,
+        tag: bytes,
+        width: int,
+        items: Sequence[tuple[tuple[int, int, int], TokenEntry]],
+        pulled: bool = False,
     ) -> int:
         """Append the entries of ``items`` that block ``path`` lacks, under its exclusive lock
-        (the tail after the last valid frame truncated first); returns the bytes written."""
+        (the tail after the last valid frame truncated first); returns the bytes written, or with
+        ``pulled`` (entries from the remote tier, not to be published again) the entries."""
         os.makedirs(os.path.dirname(path), exist_ok=True)
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -363,11 +346,11 @@ class TokenCache:
                     same = False
                 if not same:  # evicted between open and lock: open the new file
                     continue
-                return self._append_locked(fd, path, tag, width, items)
+                return self._append_locked(fd, path, tag, width, items, pulled)
             finally:
                 os.close(fd)
 
-    def _append_locked(self, fd: int, path: str, tag: bytes, width: int, items: Sequence[Any]) -> int:
+    def _append_locked(self, fd: int, path: str, tag: bytes, width: int, items: Sequence[Any], pulled: bool) -> int:
         b = self._block(path, tag)
         with b.lock:
             b.refresh()
@@ -380,13 +363,18 @@ class TokenCache:
             buf = b"".join(frame(tag, k, e, width) for k, e in fresh)
             os.pwrite(fd, buf, b.end)
             b.refresh()
-        self.count("written", len(fresh))
-        self.count("bytes_written", len(buf))
+        if pulled:
+            self.count("remote_hits", len(fresh))
+        else:
+            self.count("written", len(fresh))
+            self.count("bytes_written", len(buf))
+            if self.remote is not None:
+                self.remote.wrote(os.path.basename(path), path, tag)
         self._since_check += len(buf)
         if self._since_check >= min(_CHECK_BYTES, self.limit // 16):
             self._since_check = 0
             self.evict()
-        return len(buf)
+        return len(fresh) if pulled else len(buf)
 
     def evict(self) -> int:
         """Remove least recently used blocks (not held by a writer) until the folder is under the
@@ -442,8 +430,10 @@ class TokenCache:
         return total
 
     def close(self) -> None:
-        """Write what is queued (bounded wait) and drop this process's open blocks."""
+        """Write what is queued (bounded wait), publish what this process wrote to the remote
+        tier, and drop this process's open blocks."""
         self.flush(10.0)
+        self.publish()
         with self._mu:
             blocks, self._blocks = list(self._blocks.values()), collections.OrderedDict()
         for b in blocks:
@@ -478,38 +468,48 @@ def shard_identity(ix: Any, s: int) -> str | None:
     return key
 
 
-_CACHES: dict[tuple[int, str, str], TokenCache] = {}
+_CACHES: dict[tuple[int, str, str, str], TokenCache] = {}
 _CACHES_MU = threading.Lock()
+Setting = tuple[str, str, str]  # folder, cap in GB, remote tier URL
 
 
-def cache_setting() -> tuple[str, str] | None:
-    """The token cache this process's environment sets: ``($ZEPHON_TOKEN_CACHE, $ZEPHON_TOKEN_CACHE_GB)``,
-    None when the folder is unset or empty. A pipeline reads it once when it is built and carries it
-    to its worker processes (a worker started earlier may have another environment)."""
+def cache_setting() -> Setting | None:
+    """The token cache this process's environment sets: ``($ZEPHON_TOKEN_CACHE, $ZEPHON_TOKEN_CACHE_GB,
+    $ZEPHON_TOKEN_CACHE_REMOTE)``, None when the folder is unset or empty. A pipeline reads it once
+    when it is built and carries it to its worker processes (a worker started earlier may have
+    another environment)."""
     root = os.environ.get(ENV_DIR, "").strip()
-    return (os.path.abspath(root), os.environ.get(ENV_GB, "").strip()) if root else None
+    if not root:
+        return None
+    return os.path.abspath(root), os.environ.get(ENV_GB, "").strip(), os.environ.get(ENV_REMOTE, "").strip()
 
 
-def token_cache(setting: tuple[str, str] | bool | None = True) -> TokenCache | None:
+def token_cache(setting: Setting | bool | None = True) -> TokenCache | None:
     """This process's token cache for ``setting`` (a :func:`cache_setting`; the default: the
-    environment's now): the folder (``$ZEPHON_TOKEN_CACHE``; unset or empty: no cache) and the cap
-    (``$ZEPHON_TOKEN_CACHE_GB``, default 32). One instance per process and setting."""
+    environment's now): the folder (``$ZEPHON_TOKEN_CACHE``; unset or empty: no cache), the cap
+    (``$ZEPHON_TOKEN_CACHE_GB``, default 32) and the remote tier (``$ZEPHON_TOKEN_CACHE_REMOTE``,
+    an fsspec URL; unset: none). One instance per process and setting."""
     if setting is True:
         setting = cache_setting()
     if not setting:
         return None
-    root, gb = setting
-    k = (os.getpid(), root, gb)
+    root, gb, remote = setting
+    k = (os.getpid(), root, gb, remote)
     with _CACHES_MU:
         c = _CACHES.get(k)
         if c is None:
             limit = float(gb) if gb else env_number(ENV_GB, _DEFAULT_GB)
-            c = _CACHES[k] = TokenCache(root, int(limit * 1e9))
+            c = _CACHES[k] = TokenCache(root, int(limit * 1e9), remote)
         return c
 
 
 @atexit.register
-def _flush_at_exit() -> None:  # entries still queued are written when the process ends normally
+def _flush_at_exit() -> None:  # queued entries are written, and published, when the process ends normally
     for k, c in list(_CACHES.items()):
         if k[0] == os.getpid():
             c.flush(10.0)
+            c.publish()
+
+
+# worker processes (forkserver, fork) end through multiprocessing, which runs its finalizers, not atexit
+multiprocessing.util.Finalize(None, _flush_at_exit, exitpriority=1)
