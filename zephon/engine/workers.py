@@ -20,6 +20,7 @@ import contextlib
 import functools
 import math
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import pickle
 import select
@@ -33,15 +34,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from .arena import ArenaSet, arena_available, arena_worker_start, run_packed
+from .node import PipelineError
 from .procexec import ProcessExecutor
+from .threadexec import ThreadExecutor, where_stuck
 
-__all__ = ["BACKENDS", "PoolSet", "ProcessLocal", "WorkerConfig", "WorkerPool", "WorkerStart"]
+__all__ = ["BACKENDS", "MainGuardError", "PoolSet", "ProcessLocal", "WorkerConfig", "WorkerPool", "WorkerStart"]
 
 #: a worker-start step: a picklable function and its arguments, run in every process worker
 #: when it starts (see :meth:`WorkerPool.add_worker_start`)
 WorkerStart = tuple[Callable[..., Any], tuple[Any, ...]]
 
 BACKENDS = ("thread", "process")
+
+#: seconds a closing pool waits for the calls its workers are inside before it stops them (process
+#: workers: terminated) or leaves them to end with the process (thread workers: daemons)
+CLOSE_GRACE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,67 @@ def _run_worker_starts(steps: Sequence[WorkerStart]) -> None:
     independent set-up steps (result arenas, a parent-death watch, ...) compose."""
     for fn, args in steps:
         fn(*args)
+
+
+class MainGuardError(PipelineError):
+    """Process workers were asked for from the top level of a script that has no
+    ``if __name__ == "__main__":`` guard (see :func:`_refuse_unguarded_main`)."""
+
+
+def _refuse_unguarded_main(start_method: str) -> None:
+    """Refuse to start process workers from a script's top level outside an
+    ``if __name__ == "__main__":`` block, naming the line and the fix.
+
+    Why: under the "spawn" and "forkserver" start methods every worker imports the main script
+    again, as multiprocessing does, so an unguarded script runs its loader again in each worker:
+    the workers then fail in their bootstrap (with multiprocessing's long message, a pool
+    reported dead or hung after ``timeout_s``) or, where the script catches that, run the whole
+    script once more each. Read from the main thread's stack and the script's syntax tree,
+    before any process starts; a script multiprocessing does not re-import (a ``__main__.py``,
+    ``python -c``, a notebook, the "fork" start method) is never refused."""
+    if start_method == "fork":
+        return
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    if not isinstance(path, str) or (spec_name or "").endswith("__main__"):
+        return  # (multiprocessing does not re-run a package's __main__.py, nor code without a file)
+    if spec_name is None and os.path.splitext(os.path.basename(path))[0] == "ipython":
+        return
+    path = os.path.abspath(path)
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    line = None
+    while frame is not None:  # the outermost frame of the script's own top level
+        if frame.f_code.co_name == "<module>" and os.path.abspath(frame.f_code.co_filename) == path:
+            line = frame.f_lineno
+        frame = frame.f_back
+    if line is None or _guarded(path, line):
+        return
+    raise MainGuardError(
+        f"{path}:{line} starts process workers at the script's top level, without an "
+        '`if __name__ == "__main__":` guard: each worker would run the script again. Put the code '
+        'that builds and iterates the loader under `if __name__ == "__main__":` (or use workers.backend = "thread")'
+    )
+
+
+def _guarded(path: str, line: int) -> bool:
+    """Whether ``line`` of the script ``path`` is inside an ``if`` that tests ``__name__``
+    (True when the script cannot be read or parsed: refuse only what is known)."""
+    import ast
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return True
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.If)
+            and node.lineno <= line <= (node.end_lineno or node.lineno)
+            and any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(node.test))
+        ):
+            return True
+    return False
 
 
 class _PoolFuture(cf.Future):
@@ -201,7 +269,7 @@ class WorkerPool:
                 raise RuntimeError(f"{self!r} is closed")
             if self._executor is None:
                 if self.config.backend == "thread":
-                    self._executor = cf.ThreadPoolExecutor(self.config.count, thread_name_prefix="zephon-worker")
+                    self._executor = ThreadExecutor(self.config.count, "zephon-worker")
                 else:
                     self._executor = self._start_processes()
             return self._executor
@@ -217,6 +285,7 @@ class WorkerPool:
             self._worker_starts.append((fn, args))
 
     def _start_processes(self) -> cf.ProcessPoolExecutor:
+        _refuse_unguarded_main(self.config.start_method)
         ctx = mp.get_context(self.config.start_method)
         if self.config.start_method == "forkserver":
             # children fork from a server that imported zephon once: fast starts, and no fork
@@ -413,25 +482,60 @@ class WorkerPool:
             # are gone with the last reference
             calls = getattr(ex, "_call_queue", None)
             ex.shutdown(wait=False, cancel_futures=True)
-            for p in procs:
-                p.join(timeout=2)
-                if p.is_alive():  # hung in user code: stop it
-                    p.terminate()
-                    p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=5)
+            _stop_processes(procs)
             del calls
             _release_manager(manager, results)
             # let the executor's management thread finish
             ex.shutdown(wait=True)
             if self.arenas is not None:
                 self.arenas.close()  # the memory goes with the last view of each result
+        elif isinstance(ex, ThreadExecutor):
+            stuck = ex.abandon(CLOSE_GRACE_S)
+            if stuck:
+                print(
+                    f"zephon: {self!r} closed with {len(stuck)} worker thread(s) still inside a call, left "
+                    f"to end with the process (not waited for): {'; '.join(stuck)}",
+                    file=sys.stderr,
+                )
         else:
             ex.shutdown(wait=True, cancel_futures=True)
 
+    def where_stuck(self, future: cf.Future) -> str:
+        """Where the thread worker computing ``future`` is now (``file:line in function``, see
+        :func:`zephon.engine.threadexec.where_stuck`), or '' (a process worker, or not running)."""
+        ex = self._executor
+        inner = getattr(future, "_inner", None)
+        if not isinstance(ex, ThreadExecutor) or inner is None:
+            return ""
+        ident = ex.running_thread(inner)
+        return where_stuck(ident) if ident is not None else ""
+
     def __repr__(self) -> str:
         return f"WorkerPool({self.config.count} {self.config.backend}s)"
+
+
+def _stop_processes(procs: Sequence[Any], grace_s: float = CLOSE_GRACE_S) -> None:
+    """Stop a closing pool's worker processes, all at once: wait ``grace_s`` for them to exit
+    (an idle worker exits on the executor's shutdown), terminate the rest, then kill what is
+    left. Why all at once: joining each in turn made a close (and the exit after SIGTERM) take
+    seconds per busy worker; this takes at most ``grace_s`` + 4 s whatever the worker count."""
+    left = _wait_processes(procs, grace_s)
+    for p in left:  # inside a task (or hung in user code): stop it
+        p.terminate()
+    left = _wait_processes(left, 2.0)
+    for p in left:
+        p.kill()
+    _wait_processes(left, 2.0)
+
+
+def _wait_processes(procs: Sequence[Any], timeout: float) -> list[Any]:
+    """Wait up to ``timeout`` seconds for all of ``procs`` to exit together; those still alive."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if p.is_alive()]  # (is_alive reaps the ones that exited)
+    while alive and (left := deadline - time.monotonic()) > 0:
+        multiprocessing.connection.wait([p.sentinel for p in alive], timeout=left)
+        alive = [p for p in alive if p.is_alive()]
+    return alive
 
 
 def _release_manager(manager: threading.Thread | None, results: Any) -> None:
