@@ -186,7 +186,9 @@ def test_the_same_script_under_a_guard_or_with_fork_runs(tmp_path):
 
 def test_guarded_reads_the_script(tmp_path):
     p = tmp_path / "s.py"
-    p.write_text('import os\nx = 1\nif __name__ == "__main__":\n    run()\n    more()\nif "__main__" == __name__: go()\n')
+    p.write_text(
+        'import os\nx = 1\nif __name__ == "__main__":\n    run()\n    more()\nif "__main__" == __name__: go()\n'
+    )
     assert [_guarded(str(p), line) for line in range(1, 7)] == [False, False, True, True, True, True]
     p.write_text("def broken(:\n")
     assert _guarded(str(p), 1)  # a script that cannot be read is not refused
