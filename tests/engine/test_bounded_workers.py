@@ -192,3 +192,12 @@ def test_guarded_reads_the_script(tmp_path):
     assert [_guarded(str(p), line) for line in range(1, 7)] == [False, False, True, True, True, True]
     p.write_text("def broken(:\n")
     assert _guarded(str(p), 1)  # a script that cannot be read is not refused
+
+
+def test_a_close_waits_for_a_thread_call_not_reported_hung(capfd):
+    pool = WorkerPool(WorkerConfig(1, "thread", timeout_s=60))
+    fut = pool.submit(time.sleep, 1.0)
+    time.sleep(0.2)  # inside the call
+    pool.close()  # a call not reported hung is waited for (up to timeout_s), not left behind
+    assert fut.done() and fut.result() is None
+    assert "left to end with the process" not in capfd.readouterr().err

@@ -390,7 +390,7 @@ class OrderedMapper(ZNode[Any]):
         end with the process: see :meth:`WorkerPool.close`)."""
         n, first = len(task.items), describe_item(task.items[0])
         what = f"the record {first}" if n == 1 else f"the {n} records from {first} to {describe_item(task.items[-1])}"
-        stuck = self.pool.where_stuck(task.future) if self.pool is not None else ""
+        stuck = self.pool.report_hung(task.future) if self.pool is not None else ""
         at = f"; the call is stuck at {stuck}" if stuck else ""
         return WorkerError(
             f"{self._where()}: no result within {self.workers.timeout_s:g} s from {_function_name(self.fn)} on "

@@ -47,7 +47,8 @@ WorkerStart = tuple[Callable[..., Any], tuple[Any, ...]]
 BACKENDS = ("thread", "process")
 
 #: seconds a closing pool waits for the calls its workers are inside before it stops them (process
-#: workers: terminated) or leaves them to end with the process (thread workers: daemons)
+#: workers: terminated); thread workers: after a call was reported hung (else up to ``timeout_s``),
+#: then left to end with the process (daemons)
 CLOSE_GRACE_S = 0.5
 
 
@@ -248,6 +249,7 @@ class WorkerPool:
         self._executor: cf.Executor | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._hung = False  # a call was reported hung (see report_hung)
         # demand-first backlog: tasks wait here until fewer than `max_inside` are in the executor
         self._plock = threading.Lock()
         self._backlog: collections.deque[_PoolFuture] = collections.deque()
@@ -490,7 +492,8 @@ class WorkerPool:
             if self.arenas is not None:
                 self.arenas.close()  # the memory goes with the last view of each result
         elif isinstance(ex, ThreadExecutor):
-            stuck = ex.abandon(CLOSE_GRACE_S)
+            # a call still running after timeout_s would be reported hung: none is waited for longer
+            stuck = ex.abandon(CLOSE_GRACE_S if self._hung else self.config.timeout_s)
             if stuck:
                 print(
                     f"zephon: {self!r} closed with {len(stuck)} worker thread(s) still inside a call, left "
@@ -500,9 +503,12 @@ class WorkerPool:
         else:
             ex.shutdown(wait=True, cancel_futures=True)
 
-    def where_stuck(self, future: cf.Future) -> str:
-        """Where the thread worker computing ``future`` is now (``file:line in function``, see
-        :func:`zephon.engine.threadexec.where_stuck`), or '' (a process worker, or not running)."""
+    def report_hung(self, future: cf.Future) -> str:
+        """``future`` has no result within ``timeout_s``: the pool's close then waits only
+        ``CLOSE_GRACE_S`` for running calls. Returns where the thread worker computing it is now
+        (``file:line in function``, see :func:`zephon.engine.threadexec.where_stuck`), or '' (a
+        process worker, or not running)."""
+        self._hung = True
         ex = self._executor
         inner = getattr(future, "_inner", None)
         if not isinstance(ex, ThreadExecutor) or inner is None:
