@@ -4,42 +4,15 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
 import queue
-import sys
-import sysconfig
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ThreadExecutor", "where_stuck"]
+from .stuck import where_stuck
 
-_STDLIB = os.path.normpath(sysconfig.get_paths()["stdlib"]) + os.sep
-_INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
-_ZEPHON = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def where_stuck(ident: int) -> str:
-    """Where thread ``ident`` is now: its innermost frame outside the standard library
-    (``file:line in function``) and, when that one is in an installed library, the innermost
-    frame of zephon or of the user's own code that called it; '' when the thread is gone. Why: a
-    hung call is named by the code it is stuck in (the user's function, a storage read), not by
-    the pool that ran it."""
-    frame = sys._current_frames().get(ident)
-    if frame is None:
-        return ""
-    frames = [f for f in traceback.extract_stack(frame) if not os.path.normpath(f.filename).startswith(_STDLIB)]
-    if not frames:
-        return ""
-    inner = frames[-1]
-    text = f"{inner.filename}:{inner.lineno} in {inner.name}"
-    if any(p in inner.filename for p in _INSTALLED) and not inner.filename.startswith(_ZEPHON):
-        own = [f for f in frames if f.filename.startswith(_ZEPHON) or not any(p in f.filename for p in _INSTALLED)]
-        if own:
-            text += f", called from {own[-1].filename}:{own[-1].lineno} in {own[-1].name}"
-    return text
+__all__ = ["ThreadExecutor"]
 
 
 class ThreadExecutor(cf.Executor):

@@ -24,8 +24,10 @@ import multiprocessing.connection
 import os
 import pickle
 import select
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +38,8 @@ from typing import Any
 from .arena import ArenaSet, arena_available, arena_worker_start, run_packed
 from .node import PipelineError
 from .procexec import ProcessExecutor
-from .threadexec import ThreadExecutor, where_stuck
+from .stuck import dump_stacks_on_signal, where_processes_stuck, where_stuck
+from .threadexec import ThreadExecutor
 
 __all__ = ["BACKENDS", "MainGuardError", "PoolSet", "ProcessLocal", "WorkerConfig", "WorkerPool", "WorkerStart"]
 
@@ -250,6 +253,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._closed = False
         self._hung = False  # a call was reported hung (see report_hung)
+        self._dumps: str | None = None  # process workers: the folder of their stack dumps
         # demand-first backlog: tasks wait here until fewer than `max_inside` are in the executor
         self._plock = threading.Lock()
         self._backlog: collections.deque[_PoolFuture] = collections.deque()
@@ -295,6 +299,8 @@ class WorkerPool:
             ctx.set_forkserver_preload(["zephon"])
         # the lifeline first: a worker dies with the main process even while a later step runs
         steps: list[WorkerStart] = [(_lifeline, (os.getpid(),)), (_parent_environment, (dict(os.environ),))]
+        self._dumps = tempfile.mkdtemp(prefix="zephon-stacks-")  # where a hung worker's stack is written
+        steps.append((dump_stacks_on_signal, (self._dumps,)))
         steps += self._worker_starts
         self.arenas = self._start_arenas()
         if self.arenas is not None:
@@ -491,6 +497,8 @@ class WorkerPool:
             ex.shutdown(wait=True)
             if self.arenas is not None:
                 self.arenas.close()  # the memory goes with the last view of each result
+            if self._dumps is not None:
+                shutil.rmtree(self._dumps, ignore_errors=True)
         elif isinstance(ex, ThreadExecutor):
             # a call still running after timeout_s would be reported hung: none is waited for longer
             stuck = ex.abandon(CLOSE_GRACE_S if self._hung else self.config.timeout_s)
@@ -505,11 +513,15 @@ class WorkerPool:
 
     def report_hung(self, future: cf.Future) -> str:
         """``future`` has no result within ``timeout_s``: the pool's close then waits only
-        ``CLOSE_GRACE_S`` for running calls. Returns where the thread worker computing it is now
-        (``file:line in function``, see :func:`zephon.engine.threadexec.where_stuck`), or '' (a
-        process worker, or not running)."""
+        ``CLOSE_GRACE_S`` for running calls. Returns where the call is stuck (``file:line in
+        function``, see :mod:`zephon.engine.stuck`): the thread worker computing it; for process
+        workers (which one runs it is not known here), every worker inside a task, named by pid;
+        '' when that cannot be told."""
         self._hung = True
         ex = self._executor
+        if isinstance(ex, cf.ProcessPoolExecutor) and self._dumps is not None:
+            pids = [pid for pid in dict(getattr(ex, "_processes", None) or {}) if _pid_running(pid)]
+            return where_processes_stuck(self._dumps, pids)
         inner = getattr(future, "_inner", None)
         if not isinstance(ex, ThreadExecutor) or inner is None:
             return ""
