@@ -18,7 +18,7 @@ import time
 import pytest
 
 from zephon.engine import WorkerConfig, WorkerPool
-from zephon.engine.workers import _guarded
+from zephon.engine.mainguard import guarded
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -166,7 +166,7 @@ m.close()
 
 def test_a_script_without_a_main_guard_is_refused_in_one_line(tmp_path):
     r = run_script(tmp_path, NO_GUARD, timeout=90)
-    (line,) = [line for line in r.stderr.splitlines() if line.startswith("zephon.engine.workers.MainGuardError:")]
+    (line,) = [line for line in r.stderr.splitlines() if line.startswith("zephon.engine.mainguard.MainGuardError:")]
     assert r.returncode == 1, r.stderr
     assert f"{tmp_path / 'script.py'}:6 starts process workers" in line
     assert 'if __name__ == "__main__":' in line and 'workers.backend = "thread"' in line
@@ -191,9 +191,9 @@ def test_guarded_reads_the_script(tmp_path):
     p.write_text(
         'import os\nx = 1\nif __name__ == "__main__":\n    run()\n    more()\nif "__main__" == __name__: go()\n'
     )
-    assert [_guarded(str(p), line) for line in range(1, 7)] == [False, False, True, True, True, True]
+    assert [guarded(str(p), line) for line in range(1, 7)] == [False, False, True, True, True, True]
     p.write_text("def broken(:\n")
-    assert _guarded(str(p), 1)  # a script that cannot be read is not refused
+    assert guarded(str(p), 1)  # a script that cannot be read is not refused
 
 
 def test_a_close_waits_for_a_thread_call_not_reported_hung(capfd):

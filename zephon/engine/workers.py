@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-import contextlib
 import functools
 import math
 import multiprocessing as mp
-import multiprocessing.connection
 import os
 import pickle
 import select
@@ -36,12 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .arena import ArenaSet, arena_available, arena_worker_start, run_packed
-from .node import PipelineError
-from .procexec import ProcessExecutor
+from .mainguard import refuse_unguarded_main
+from .procexec import ProcessExecutor, pid_running, release_manager, stop_processes
 from .stuck import dump_stacks_on_signal, where_processes_stuck, where_stuck
 from .threadexec import ThreadExecutor
 
-__all__ = ["BACKENDS", "MainGuardError", "PoolSet", "ProcessLocal", "WorkerConfig", "WorkerPool", "WorkerStart"]
+__all__ = ["BACKENDS", "PoolSet", "ProcessLocal", "WorkerConfig", "WorkerPool", "WorkerStart"]
 
 #: a worker-start step: a picklable function and its arguments, run in every process worker
 #: when it starts (see :meth:`WorkerPool.add_worker_start`)
@@ -111,67 +109,6 @@ def _run_worker_starts(steps: Sequence[WorkerStart]) -> None:
     independent set-up steps (result arenas, a parent-death watch, ...) compose."""
     for fn, args in steps:
         fn(*args)
-
-
-class MainGuardError(PipelineError):
-    """Process workers were asked for from the top level of a script that has no
-    ``if __name__ == "__main__":`` guard (see :func:`_refuse_unguarded_main`)."""
-
-
-def _refuse_unguarded_main(start_method: str) -> None:
-    """Refuse to start process workers from a script's top level outside an
-    ``if __name__ == "__main__":`` block, naming the line and the fix.
-
-    Why: under the "spawn" and "forkserver" start methods every worker imports the main script
-    again, as multiprocessing does, so an unguarded script runs its loader again in each worker:
-    the workers then fail in their bootstrap (with multiprocessing's long message, a pool
-    reported dead or hung after ``timeout_s``) or, where the script catches that, run the whole
-    script once more each. Read from the main thread's stack and the script's syntax tree,
-    before any process starts; a script multiprocessing does not re-import (a ``__main__.py``,
-    ``python -c``, a notebook, the "fork" start method) is never refused."""
-    if start_method == "fork":
-        return
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
-    if not isinstance(path, str) or (spec_name or "").endswith("__main__"):
-        return  # (multiprocessing does not re-run a package's __main__.py, nor code without a file)
-    if spec_name is None and os.path.splitext(os.path.basename(path))[0] == "ipython":
-        return
-    path = os.path.abspath(path)
-    frame = sys._current_frames().get(threading.main_thread().ident or -1)
-    line = None
-    while frame is not None:  # the outermost frame of the script's own top level
-        if frame.f_code.co_name == "<module>" and os.path.abspath(frame.f_code.co_filename) == path:
-            line = frame.f_lineno
-        frame = frame.f_back
-    if line is None or _guarded(path, line):
-        return
-    raise MainGuardError(
-        f"{path}:{line} starts process workers at the script's top level, without an "
-        '`if __name__ == "__main__":` guard: each worker would run the script again. Put the code '
-        'that builds and iterates the loader under `if __name__ == "__main__":` (or use workers.backend = "thread")'
-    )
-
-
-def _guarded(path: str, line: int) -> bool:
-    """Whether ``line`` of the script ``path`` is inside an ``if`` that tests ``__name__``
-    (True when the script cannot be read or parsed: refuse only what is known)."""
-    import ast
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
-    except (OSError, SyntaxError, ValueError):
-        return True
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.If)
-            and node.lineno <= line <= (node.end_lineno or node.lineno)
-            and any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(node.test))
-        ):
-            return True
-    return False
 
 
 class _PoolFuture(cf.Future):
@@ -291,7 +228,7 @@ class WorkerPool:
             self._worker_starts.append((fn, args))
 
     def _start_processes(self) -> cf.ProcessPoolExecutor:
-        _refuse_unguarded_main(self.config.start_method)
+        refuse_unguarded_main(self.config.start_method)
         ctx = mp.get_context(self.config.start_method)
         if self.config.start_method == "forkserver":
             # children fork from a server that imported zephon once: fast starts, and no fork
@@ -338,7 +275,7 @@ class WorkerPool:
         if not isinstance(ex, cf.ProcessPoolExecutor):
             return []
         procs = dict(getattr(ex, "_processes", None) or {})
-        return [pid for pid in procs if not _pid_running(pid)]
+        return [pid for pid in procs if not pid_running(pid)]
 
     def note_in_flight(self, tasks: int) -> None:
         """A user of the pool may hold ``tasks`` more (or, negative, fewer) tasks in flight:
@@ -490,9 +427,9 @@ class WorkerPool:
             # are gone with the last reference
             calls = getattr(ex, "_call_queue", None)
             ex.shutdown(wait=False, cancel_futures=True)
-            _stop_processes(procs)
+            stop_processes(procs, CLOSE_GRACE_S)
             del calls
-            _release_manager(manager, results)
+            release_manager(manager, results)
             # let the executor's management thread finish
             ex.shutdown(wait=True)
             if self.arenas is not None:
@@ -520,7 +457,7 @@ class WorkerPool:
         self._hung = True
         ex = self._executor
         if isinstance(ex, cf.ProcessPoolExecutor) and self._dumps is not None:
-            pids = [pid for pid in dict(getattr(ex, "_processes", None) or {}) if _pid_running(pid)]
+            pids = [pid for pid in dict(getattr(ex, "_processes", None) or {}) if pid_running(pid)]
             return where_processes_stuck(self._dumps, pids)
         inner = getattr(future, "_inner", None)
         if not isinstance(ex, ThreadExecutor) or inner is None:
@@ -530,67 +467,6 @@ class WorkerPool:
 
     def __repr__(self) -> str:
         return f"WorkerPool({self.config.count} {self.config.backend}s)"
-
-
-def _stop_processes(procs: Sequence[Any], grace_s: float = CLOSE_GRACE_S) -> None:
-    """Stop a closing pool's worker processes, all at once: wait ``grace_s`` for them to exit
-    (an idle worker exits on the executor's shutdown), terminate the rest, then kill what is
-    left. Why all at once: joining each in turn made a close (and the exit after SIGTERM) take
-    seconds per busy worker; this takes at most ``grace_s`` + 4 s whatever the worker count."""
-    left = _wait_processes(procs, grace_s)
-    for p in left:  # inside a task (or hung in user code): stop it
-        p.terminate()
-    left = _wait_processes(left, 2.0)
-    for p in left:
-        p.kill()
-    _wait_processes(left, 2.0)
-
-
-def _wait_processes(procs: Sequence[Any], timeout: float) -> list[Any]:
-    """Wait up to ``timeout`` seconds for all of ``procs`` to exit together; those still alive."""
-    deadline = time.monotonic() + timeout
-    alive = [p for p in procs if p.is_alive()]  # (is_alive reaps the ones that exited)
-    while alive and (left := deadline - time.monotonic()) > 0:
-        multiprocessing.connection.wait([p.sentinel for p in alive], timeout=left)
-        alive = [p for p in alive if p.is_alive()]
-    return alive
-
-
-def _release_manager(manager: threading.Thread | None, results: Any) -> None:
-    """Let a process executor's management thread end once its workers are gone.
-
-    Why: a worker killed while writing its result leaves half a message in the result pipe; the
-    management thread then waits for the rest forever (the pool never reports the death, and the
-    interpreter's exit joins that thread, so the process never exits). With the workers gone,
-    closing this process's copy of the pipe's write end turns that wait into end-of-file, which
-    the executor handles as a broken pool and ends."""
-    if manager is None or results is None:
-        return
-    manager.join(timeout=2)
-    if manager.is_alive():
-        writer = getattr(results, "_writer", None)
-        if writer is not None:
-            with contextlib.suppress(OSError):
-                writer.close()
-        manager.join(timeout=5)
-
-
-def _pid_running(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (Linux: /proc; elsewhere ``kill(pid, 0)``)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _settle(fut: cf.Future, *, result: Any = None, exc: BaseException | None = None) -> None:
