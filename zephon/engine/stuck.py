@@ -30,8 +30,9 @@ _dump_file: Any = None  # (in a worker) the open file faulthandler writes to
 
 def _place(frames: Sequence[tuple[str, int, str]]) -> str:
     """``file:line in function`` of the innermost frame (outermost first) outside the standard
-    library (and not ``<string>``: a fork server's own code) and, when that one is in an installed library, the innermost frame of zephon or of
-    the user's own code that called it; '' without such a frame."""
+    library (and not ``<string>``: a fork server's own code) and, when that one is in an
+    installed library, the innermost frame of zephon or of the user's own code that called it;
+    '' without such a frame."""
     frames = [f for f in frames if not (f[0].startswith("<") or os.path.normpath(f[0]).startswith(_STDLIB))]
     if not frames:
         return ""
