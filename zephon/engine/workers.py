@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -191,6 +192,7 @@ class WorkerPool:
         self._closed = False
         self._hung = False  # a call was reported hung (see report_hung)
         self._dumps: str | None = None  # process workers: the folder of their stack dumps
+        self._drop_dumps: weakref.finalize | None = None
         # demand-first backlog: tasks wait here until fewer than `max_inside` are in the executor
         self._plock = threading.Lock()
         self._backlog: collections.deque[_PoolFuture] = collections.deque()
@@ -237,6 +239,8 @@ class WorkerPool:
         # the lifeline first: a worker dies with the main process even while a later step runs
         steps: list[WorkerStart] = [(_lifeline, (os.getpid(),)), (_parent_environment, (dict(os.environ),))]
         self._dumps = tempfile.mkdtemp(prefix="zephon-stacks-")  # where a hung worker's stack is written
+        # removed by close(), or at the interpreter's exit when the pool was never closed
+        self._drop_dumps = weakref.finalize(self, shutil.rmtree, self._dumps, True)
         steps.append((dump_stacks_on_signal, (self._dumps,)))
         steps += self._worker_starts
         self.arenas = self._start_arenas()
@@ -434,8 +438,8 @@ class WorkerPool:
             ex.shutdown(wait=True)
             if self.arenas is not None:
                 self.arenas.close()  # the memory goes with the last view of each result
-            if self._dumps is not None:
-                shutil.rmtree(self._dumps, ignore_errors=True)
+            if self._drop_dumps is not None:
+                self._drop_dumps()
         elif isinstance(ex, ThreadExecutor):
             # a call still running after timeout_s would be reported hung: none is waited for longer
             stuck = ex.abandon(CLOSE_GRACE_S if self._hung else self.config.timeout_s)
