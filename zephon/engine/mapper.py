@@ -151,6 +151,12 @@ def describe_item(item: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _function_name(fn: Any) -> str:
+    """``module.qualname`` of a function, or of a callable object's class."""
+    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+
+
 def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> tuple:
     """Worker side: run the function; an exception comes back as a :class:`_Failure` with the
     index of the failing item and the results before it."""
@@ -378,6 +384,21 @@ class OrderedMapper(ZNode[Any]):
             'workers.backend = "thread" to debug.'
         )
 
+    def _hung(self, task: _Task) -> WorkerError:
+        """The error for a task with no result within ``timeout_s``: it names the function, the
+        records and, for a thread worker, the line the call is stuck at (the worker is left to
+        end with the process: see :meth:`WorkerPool.close`)."""
+        n, first = len(task.items), describe_item(task.items[0])
+        what = f"the record {first}" if n == 1 else f"the {n} records from {first} to {describe_item(task.items[-1])}"
+        stuck = self.pool.report_hung(task.future) if self.pool is not None else ""
+        at = f"; the call is stuck at {stuck}" if stuck else ""
+        return WorkerError(
+            f"{self._where()}: no result within {self.workers.timeout_s:g} s from {_function_name(self.fn)} on "
+            f"{what} (source position {task.start}){at}; a worker seems hung in the user function or a read "
+            "it makes. Fix the function (or the storage), or raise workers.timeout_s if the work is legitimately "
+            "that slow."
+        )
+
     def _where(self) -> str:
         lane = f"lane {self.lane}, " if self.lane is not None else ""
         return f"{self.name} ({lane}{self.workers.count} {self.workers.backend} workers)"
@@ -415,12 +436,7 @@ class OrderedMapper(ZNode[Any]):
             res = self._await(task)
             self._wait += time.perf_counter() - t0
         except cf.TimeoutError:
-            raise WorkerError(
-                f"{self._where()}: no result within {self.workers.timeout_s:g} s for the chunk starting "
-                f"at {describe_item(task.items[0])} (source position {task.start}); a worker seems "
-                "hung in the user function. Fix the function, or raise workers.timeout_s if the work "
-                "is legitimately that slow."
-            ) from None
+            raise self._hung(task) from None
         except BrokenProcessPool as e:
             raise self._died(task.items[0]) from e
         except cf.CancelledError:

@@ -1,14 +1,19 @@
 """A process executor whose worker starts cannot be cut short by a signal (see
-:class:`ProcessExecutor`); :class:`zephon.engine.workers.WorkerPool` runs process workers on it."""
+:class:`ProcessExecutor`), and the helpers that stop its workers in bounded time;
+:class:`zephon.engine.workers.WorkerPool` runs process workers on it."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import multiprocessing.connection
+import os
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ProcessExecutor"]
+__all__ = ["ProcessExecutor", "pid_running", "release_manager", "stop_processes"]
 
 
 class ProcessExecutor(cf.ProcessPoolExecutor):
@@ -57,3 +62,64 @@ class ProcessExecutor(cf.ProcessPoolExecutor):
         deadline = time.monotonic() + timeout
         for t in starts:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def stop_processes(procs: Sequence[Any], grace_s: float) -> None:
+    """Stop a closing pool's worker processes, all at once: wait ``grace_s`` for them to exit
+    (an idle worker exits on the executor's shutdown), terminate the rest, then kill what is
+    left. Why all at once: joining each in turn made a close (and the exit after SIGTERM) take
+    seconds per busy worker; this takes at most ``grace_s`` + 4 s whatever the worker count."""
+    left = _wait_processes(procs, grace_s)
+    for p in left:  # inside a task (or hung in user code): stop it
+        p.terminate()
+    left = _wait_processes(left, 2.0)
+    for p in left:
+        p.kill()
+    _wait_processes(left, 2.0)
+
+
+def _wait_processes(procs: Sequence[Any], timeout: float) -> list[Any]:
+    """Wait up to ``timeout`` seconds for all of ``procs`` to exit together; those still alive."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if p.is_alive()]  # (is_alive reaps the ones that exited)
+    while alive and (left := deadline - time.monotonic()) > 0:
+        multiprocessing.connection.wait([p.sentinel for p in alive], timeout=left)
+        alive = [p for p in alive if p.is_alive()]
+    return alive
+
+
+def release_manager(manager: threading.Thread | None, results: Any) -> None:
+    """Let a process executor's management thread end once its workers are gone.
+
+    Why: a worker killed while writing its result leaves half a message in the result pipe; the
+    management thread then waits for the rest forever (the pool never reports the death, and the
+    interpreter's exit joins that thread, so the process never exits). With the workers gone,
+    closing this process's copy of the pipe's write end turns that wait into end-of-file, which
+    the executor handles as a broken pool and ends."""
+    if manager is None or results is None:
+        return
+    manager.join(timeout=2)
+    if manager.is_alive():
+        writer = getattr(results, "_writer", None)
+        if writer is not None:
+            with contextlib.suppress(OSError):
+                writer.close()
+        manager.join(timeout=5)
+
+
+def pid_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux: /proc; elsewhere ``kill(pid, 0)``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -16,24 +16,29 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-import contextlib
 import functools
 import math
 import multiprocessing as mp
 import os
 import pickle
 import select
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
 from .arena import ArenaSet, arena_available, arena_worker_start, run_packed
-from .procexec import ProcessExecutor
+from .mainguard import refuse_unguarded_main
+from .procexec import ProcessExecutor, pid_running, release_manager, stop_processes
+from .stuck import dump_stacks_on_signal, where_processes_stuck, where_stuck
+from .threadexec import ThreadExecutor
 
 __all__ = ["BACKENDS", "PoolSet", "ProcessLocal", "WorkerConfig", "WorkerPool", "WorkerStart"]
 
@@ -42,6 +47,11 @@ __all__ = ["BACKENDS", "PoolSet", "ProcessLocal", "WorkerConfig", "WorkerPool", 
 WorkerStart = tuple[Callable[..., Any], tuple[Any, ...]]
 
 BACKENDS = ("thread", "process")
+
+#: seconds a closing pool waits for the calls its workers are inside before it stops them (process
+#: workers: terminated); thread workers: after a call was reported hung (else up to ``timeout_s``),
+#: then left to end with the process (daemons)
+CLOSE_GRACE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,9 @@ class WorkerPool:
         self._executor: cf.Executor | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._hung = False  # a call was reported hung (see report_hung)
+        self._dumps: str | None = None  # process workers: the folder of their stack dumps
+        self._drop_dumps: weakref.finalize | None = None
         # demand-first backlog: tasks wait here until fewer than `max_inside` are in the executor
         self._plock = threading.Lock()
         self._backlog: collections.deque[_PoolFuture] = collections.deque()
@@ -201,7 +214,7 @@ class WorkerPool:
                 raise RuntimeError(f"{self!r} is closed")
             if self._executor is None:
                 if self.config.backend == "thread":
-                    self._executor = cf.ThreadPoolExecutor(self.config.count, thread_name_prefix="zephon-worker")
+                    self._executor = ThreadExecutor(self.config.count, "zephon-worker")
                 else:
                     self._executor = self._start_processes()
             return self._executor
@@ -217,6 +230,7 @@ class WorkerPool:
             self._worker_starts.append((fn, args))
 
     def _start_processes(self) -> cf.ProcessPoolExecutor:
+        refuse_unguarded_main(self.config.start_method)
         ctx = mp.get_context(self.config.start_method)
         if self.config.start_method == "forkserver":
             # children fork from a server that imported zephon once: fast starts, and no fork
@@ -224,6 +238,10 @@ class WorkerPool:
             ctx.set_forkserver_preload(["zephon"])
         # the lifeline first: a worker dies with the main process even while a later step runs
         steps: list[WorkerStart] = [(_lifeline, (os.getpid(),)), (_parent_environment, (dict(os.environ),))]
+        self._dumps = tempfile.mkdtemp(prefix="zephon-stacks-")  # where a hung worker's stack is written
+        # removed by close(), or at the interpreter's exit when the pool was never closed
+        self._drop_dumps = weakref.finalize(self, shutil.rmtree, self._dumps, True)
+        steps.append((dump_stacks_on_signal, (self._dumps,)))
         steps += self._worker_starts
         self.arenas = self._start_arenas()
         if self.arenas is not None:
@@ -261,7 +279,7 @@ class WorkerPool:
         if not isinstance(ex, cf.ProcessPoolExecutor):
             return []
         procs = dict(getattr(ex, "_processes", None) or {})
-        return [pid for pid in procs if not _pid_running(pid)]
+        return [pid for pid in procs if not pid_running(pid)]
 
     def note_in_flight(self, tasks: int) -> None:
         """A user of the pool may hold ``tasks`` more (or, negative, fewer) tasks in flight:
@@ -413,62 +431,46 @@ class WorkerPool:
             # are gone with the last reference
             calls = getattr(ex, "_call_queue", None)
             ex.shutdown(wait=False, cancel_futures=True)
-            for p in procs:
-                p.join(timeout=2)
-                if p.is_alive():  # hung in user code: stop it
-                    p.terminate()
-                    p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=5)
+            stop_processes(procs, CLOSE_GRACE_S)
             del calls
-            _release_manager(manager, results)
+            release_manager(manager, results)
             # let the executor's management thread finish
             ex.shutdown(wait=True)
             if self.arenas is not None:
                 self.arenas.close()  # the memory goes with the last view of each result
+            if self._drop_dumps is not None:
+                self._drop_dumps()
+        elif isinstance(ex, ThreadExecutor):
+            # a call still running after timeout_s would be reported hung: none is waited for longer
+            stuck = ex.abandon(CLOSE_GRACE_S if self._hung else self.config.timeout_s)
+            if stuck:
+                print(
+                    f"zephon: {self!r} closed with {len(stuck)} worker thread(s) still inside a call, left "
+                    f"to end with the process (not waited for): {'; '.join(stuck)}",
+                    file=sys.stderr,
+                )
         else:
             ex.shutdown(wait=True, cancel_futures=True)
 
+    def report_hung(self, future: cf.Future) -> str:
+        """``future`` has no result within ``timeout_s``: the pool's close then waits only
+        ``CLOSE_GRACE_S`` for running calls. Returns where the call is stuck (``file:line in
+        function``, see :mod:`zephon.engine.stuck`): the thread worker computing it; for process
+        workers (which one runs it is not known here), every worker inside a task, named by pid;
+        '' when that cannot be told."""
+        self._hung = True
+        ex = self._executor
+        if isinstance(ex, cf.ProcessPoolExecutor) and self._dumps is not None:
+            pids = [pid for pid in dict(getattr(ex, "_processes", None) or {}) if pid_running(pid)]
+            return where_processes_stuck(self._dumps, pids)
+        inner = getattr(future, "_inner", None)
+        if not isinstance(ex, ThreadExecutor) or inner is None:
+            return ""
+        ident = ex.running_thread(inner)
+        return where_stuck(ident) if ident is not None else ""
+
     def __repr__(self) -> str:
         return f"WorkerPool({self.config.count} {self.config.backend}s)"
-
-
-def _release_manager(manager: threading.Thread | None, results: Any) -> None:
-    """Let a process executor's management thread end once its workers are gone.
-
-    Why: a worker killed while writing its result leaves half a message in the result pipe; the
-    management thread then waits for the rest forever (the pool never reports the death, and the
-    interpreter's exit joins that thread, so the process never exits). With the workers gone,
-    closing this process's copy of the pipe's write end turns that wait into end-of-file, which
-    the executor handles as a broken pool and ends."""
-    if manager is None or results is None:
-        return
-    manager.join(timeout=2)
-    if manager.is_alive():
-        writer = getattr(results, "_writer", None)
-        if writer is not None:
-            with contextlib.suppress(OSError):
-                writer.close()
-        manager.join(timeout=5)
-
-
-def _pid_running(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (Linux: /proc; elsewhere ``kill(pid, 0)``)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _settle(fut: cf.Future, *, result: Any = None, exc: BaseException | None = None) -> None:
