@@ -30,7 +30,8 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from zephon.data import BadRecord, ChatRenderer, ConversationError, DataError, ShardIndex
-from zephon.data.chat import ChatTimeoutError, parse_conversation, select_mask
+from zephon.data.chat import parse_conversation, select_mask
+from zephon.data.chatbounds import ChatTimeoutError
 from zephon.engine import ProcessLocal
 
 from .pack import Pack

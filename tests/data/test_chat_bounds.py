@@ -12,7 +12,8 @@ import pytest
 
 from zephon.data import ChatRenderer, ConversationError
 from zephon.data.chat import CHAT_TOKENIZER as TOK
-from zephon.data.chat import ChatTimeoutError, load_chat_template, parse_conversation
+from zephon.data.chat import load_chat_template, parse_conversation
+from zephon.data.chatbounds import ChatTimeoutError
 from zephon.tools.synth import generate_conversations
 
 pytest.importorskip("transformers")

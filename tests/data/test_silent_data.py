@@ -23,7 +23,7 @@ CHAT_TOK = os.path.join(os.path.dirname(__import__("zephon.data", fromlist=["x"]
 # -- special tokens in every field a template can render -----------------------------------------
 NAMED = (
     "{% for m in messages %}<|im_start|>{{ m.role }}{% if m.name %} ({{ m.name }}){% endif %}\n"
-    "{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant{% endif %}"
 )
 
 

@@ -40,12 +40,20 @@ import json
 import os
 import re
 import threading
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from zephon.data.chatbounds import (
+    ChatTimeoutError,
+    RenderScope,
+    bounded_template,
+    current_budget,
+    late_message,
+    too_long_message,
+)
 
 __all__ = [
     "CHAT_FORMATS",
@@ -57,7 +65,6 @@ __all__ = [
     "TEMPLATES",
     "ChatEncoding",
     "ChatRenderer",
-    "ChatTimeoutError",
     "ConversationError",
     "load_chat_template",
     "parse_conversation",
@@ -104,13 +111,6 @@ class ConversationError(ValueError):
     """A conversation that cannot be trained on; the message says which message and why."""
 
 
-class ChatTimeoutError(RuntimeError):
-    """Rendering a conversation took longer than the renderer's ``timeout_s``: not a bad record
-    (whether it happens depends on the machine), so the run stops; the message says the fix."""
-
-    user_error = True
-
-
 def render_limit(conv: dict[str, Any]) -> int:
     """The most characters a conversation may render to: 1 Mi plus 64 per character of its
     fields (a template repeats a message a few times at most; one that multiplies it is a bomb).
@@ -123,93 +123,12 @@ def render_limit(conv: dict[str, Any]) -> int:
     return (1 << 20) + 64 * chars
 
 
-@dataclass
-class _Budget:
-    """What one conversation's renderings may use, and (one rendering) where each message starts."""
-
-    deadline: float
-    limit: int
-    ids: dict[int, int] = field(default_factory=dict)  # id(message dict) -> its index, when tracking
-    events: list[tuple[int, int]] = field(default_factory=list)  # (message, output chars so far)
-    pos: int = 0
-
-
-_BUDGET = threading.local()
-
-
-def _check(obj: Any = None) -> None:
-    """Called on each attribute, item and call of a template: the time bound, and (when tracking)
-    which message the template reads at which point of its output."""
-    b: _Budget | None = getattr(_BUDGET, "budget", None)
-    if b is None:
-        return
-    if time.monotonic() > b.deadline:
-        raise ChatTimeoutError("timed out")
-    if b.ids:
-        k = b.ids.get(id(obj))
-        if k is not None:
-            b.events.append((k, b.pos))
-
-
-def _bounded(compiled: Any) -> Any:
-    """``compiled`` (transformers' cached template) with its environment's attribute, item and
-    call hooks checking the thread's budget (no budget: as before), and its ``render`` join
-    checking the output size."""
-    env = compiled.environment
-    if env.__dict__.get("_zephon_bounded"):
-        return compiled
-    getattr_, getitem_, call_, concat_ = env.getattr, env.getitem, env.call, env.concat
-
-    def getattr_hook(obj: Any, attribute: str) -> Any:
-        _check(obj)
-        return getattr_(obj, attribute)
-
-    def getitem_hook(obj: Any, argument: Any) -> Any:
-        _check(obj)
-        return getitem_(obj, argument)
-
-    def call_hook(__context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        _check()
-        return call_(__context, __obj, *args, **kwargs)
-
-    def concat_hook(pieces: Any) -> str:
-        b: _Budget | None = getattr(_BUDGET, "budget", None)
-        if b is None:
-            return str(concat_(pieces))
-        out, n = [], 0
-        for piece in pieces:
-            n += len(piece)
-            if n > b.limit:
-                raise ConversationError(_too_long(b.limit))
-            out.append(piece)
-        return "".join(out)
-
-    env.getattr, env.getitem, env.call, env.concat = getattr_hook, getitem_hook, call_hook, concat_hook
-    env.__dict__["_zephon_bounded"] = True
-    return compiled
-
-
-def _too_long(limit: int) -> str:
-    return (
-        f"the chat template renders it to more than {limit} characters (1 Mi plus 64 per character of the "
-        "conversation): it multiplies its input; fix the template"
-    )
-
-
 _NO_PROMPT = (
     "the chat template has no {% generation %} markers and renders nothing for add_generation_prompt, so the "
     "assistant text cannot be told from its header (every assistant header would be trained on); add "
     "{% generation %} markers around the assistant text, or render the assistant header under "
     "{% if add_generation_prompt %}"
 )
-
-
-def _late(seconds: float) -> str:
-    return (
-        f"the chat template did not finish rendering it within {seconds:g} s ([workers] timeout_s bounds each "
-        "conversation): the template loops too much (nested loops over the messages?); fix the template, or "
-        "raise [workers] timeout_s"
-    )
 
 
 def _strings(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
@@ -461,24 +380,10 @@ class ChatRenderer:
     def _compiled(self) -> Any:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
-        return _bounded(_compile_jinja_template(self.template))
+        return bounded_template(_compile_jinja_template(self.template), ConversationError)
 
-    class _Scope:
-        """The budget of one conversation's renderings, set on the thread while it renders."""
-
-        def __init__(self, budget: _Budget) -> None:
-            self.budget = budget
-
-        def __enter__(self) -> _Budget:
-            self.prev = getattr(_BUDGET, "budget", None)
-            _BUDGET.budget = self.budget
-            return self.budget
-
-        def __exit__(self, *exc: Any) -> None:
-            _BUDGET.budget = self.prev
-
-    def _budget(self, conv: dict[str, Any]) -> ChatRenderer._Scope:
-        return ChatRenderer._Scope(_Budget(time.monotonic() + self.timeout_s, render_limit(conv)))
+    def _budget(self, conv: dict[str, Any]) -> RenderScope:
+        return RenderScope(self.timeout_s, render_limit(conv))
 
     def _render(self, conv: dict[str, Any], upto: int | None = None, prompt: bool = False) -> tuple[str, list]:
         from transformers.utils.chat_template_utils import render_jinja_template
@@ -497,13 +402,13 @@ class ChatRenderer:
             texts, spans = out
         except (ChatTimeoutError, ConversationError) as e:
             if isinstance(e, ChatTimeoutError):
-                raise ChatTimeoutError(_late(self.timeout_s)) from None
+                raise ChatTimeoutError(late_message(self.timeout_s)) from None
             raise
         except Exception as e:  # jinja raises many kinds (TemplateError, TypeError, raise_exception)
             raise ConversationError(f"the chat template failed to render it: {type(e).__name__}: {e}") from None
-        b: _Budget | None = getattr(_BUDGET, "budget", None)
+        b = current_budget()
         if b is not None and len(texts[0]) > b.limit:  # the marked path joins without the hook
-            raise ConversationError(_too_long(b.limit))
+            raise ConversationError(too_long_message(b.limit))
         return texts[0], (spans[0] if spans else [])
 
     def check_specials(self, conv: dict[str, Any]) -> None:
@@ -556,7 +461,9 @@ class ChatRenderer:
             from transformers.utils.chat_template_utils import _alias_reasoning_fields, _plain_template_data
         except ImportError:
             return None
-        b: _Budget = _BUDGET.budget
+        b = current_budget()
+        if b is None:
+            return None
         msgs = _alias_reasoning_fields(_plain_template_data(conv["messages"]))
         b.ids, b.events, b.pos = {id(m): k for k, m in enumerate(msgs)}, [], 0
         pieces = []
@@ -571,9 +478,9 @@ class ChatRenderer:
                 pieces.append(piece)
                 b.pos += len(piece)
                 if b.pos > b.limit:
-                    raise ConversationError(_too_long(b.limit))
+                    raise ConversationError(too_long_message(b.limit))
         except ChatTimeoutError:
-            raise ChatTimeoutError(_late(self.timeout_s)) from None
+            raise ChatTimeoutError(late_message(self.timeout_s)) from None
         except ConversationError:
             raise
         except Exception:

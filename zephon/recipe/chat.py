@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from zephon.data import ChatRenderer, ConversationError, ShardIndex
-from zephon.data.chat import ChatTimeoutError, load_chat_template, parse_conversation
+from zephon.data.chat import load_chat_template, parse_conversation
+from zephon.data.chatbounds import ChatTimeoutError
 from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, FetchTokenize, fit_conversation
 
 from .spec import CHAT_KIND, COUNT, RecipeError, RecipeSpec
