@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from benchmarks.common import machine, versions  # noqa: E402
+from benchmarks.stamp import stamp_files  # noqa: E402
 
 DATA = os.path.join(HERE, ".data")
 TOK = os.path.join(os.path.dirname(HERE), "zephon", "data", "assets", "tokenizer")
@@ -343,6 +344,7 @@ def main() -> None:
     text = report(res, meta)
     with open(os.path.join(a.out, name + ".md"), "w") as f:
         f.write(text)
+    stamp_files(os.path.join(a.out, name + ".json"), os.path.join(a.out, name + ".md"))
     print(text)
 
 
