@@ -152,7 +152,7 @@ def recipe(root: str, lanes: int, seq_len: int, version: int, finite: bool = Fal
 def fresh(p) -> None:
     """Empty the tokenize stage's per-process caches: a run must not reuse the previous one's."""
     for k in ("_parts_cache", "_text_cache"):
-        p.fetch.__dict__.pop(k, None)
+        p.text_encoder.__dict__.pop(k, None)
 
 
 def delivered_tokens(batch) -> int:

@@ -17,18 +17,7 @@ Tokenized documents packed into rows of ``seq_len + 1`` tokens, then batched:
 from .batch import Batch
 from .blockorder import OPEN_BLOCKS, BlockOrder, expected_distinct, global_batch_diversity
 from .chat import LONG, ChatDoc, ChatOptions, ChatPack, FetchChat, fit_conversation
-from .filters import (
-    FILTER_KINDS,
-    Carried,
-    FieldError,
-    FilterChain,
-    FilterCounter,
-    FilteredDoc,
-    FilteredTokenize,
-    FilterRule,
-    FilterVerdict,
-    duplicate_records,
-)
+from .filters import FILTER_KINDS, FilterCounter
 from .images import DECODE_RULES, VisionConfig
 from .mmpack import MMPack, mm_pad_batch
 from .pack import ALGORITHMS, Pack, pad_row, pad_rows
@@ -37,6 +26,7 @@ from .policy import ON_ERROR, skip_hint
 from .rows import IGNORE_INDEX, LABELS, PartProvenance, Provenance, provenance_entry, row_spans
 from .shuffle import WindowShuffle
 from .skips import MAX_DETAIL_ROWS, SKIP_SHARE_WARNING, SkipCounter, SkipShareWarning, lane_share, reason_class
+from .stages import Carried, FieldError, FilteredDoc, FilterRule, FilterVerdict, RecordPipeline, duplicate_records
 from .tokenize import SPLIT_MODES, FetchTokenize, TokDoc, check_token_widths, part_span
 from .userfn import STATEFUL_METHODS, FilterError, StatefulFunction, call_bound, call_user, resolve_function
 from .vision import FetchVision, LayoutSpan, MMDoc, sample_layout
@@ -69,13 +59,11 @@ __all__ = [
     "FetchTokenize",
     "FetchVision",
     "FieldError",
-    "FilterChain",
     "FilterCounter",
     "FilterError",
     "FilterRule",
     "FilterVerdict",
     "FilteredDoc",
-    "FilteredTokenize",
     "LaneWorkSource",
     "LayoutSpan",
     "MMDoc",
@@ -84,6 +72,7 @@ __all__ = [
     "PartProvenance",
     "PhasedLane",
     "Provenance",
+    "RecordPipeline",
     "ScheduledBatch",
     "SegmentPack",
     "SkipCounter",

@@ -3,8 +3,10 @@
 :class:`FetchChat` is the mapper's batch function of a recipe with chat datasets: a chat item's
 record (its conversation as JSON text, read with ``text_mode = "json"``) is checked, rendered
 with the dataset's chat template and tokenized whole (:class:`zephon.data.chat.ChatRenderer`);
-its ``mask`` is True on the assistant tokens of the selected turns (``loss_on``). Items of plain
-text datasets go to the :class:`FetchTokenize` it wraps, so chat and text mix in one lane.
+its ``mask`` is True on the assistant tokens of the selected turns (``loss_on``). It is the chat
+datasets' encoder in the recipe's :class:`~zephon.nodes.RecordPipeline`, beside the text
+datasets' :class:`~zephon.nodes.FetchTokenize`, so chat and text mix in one lane; ``[[filters]]``
+see a conversation as its template renders it, or as its record's JSON (:meth:`FetchChat.view`).
 
 A conversation longer than a row (``seq_len + 1`` tokens) follows its dataset's ``long`` policy
 (:data:`LONG`): ``"drop"`` it (a counted skip, reason "conversation too long"), ``"truncate"``
@@ -21,8 +23,9 @@ is refused unless splitting is allowed.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -37,7 +40,7 @@ from zephon.engine import ProcessLocal
 from .pack import Pack
 from .policy import ON_ERROR, skip_hint
 from .rows import IGNORE_INDEX
-from .tokenize import FetchTokenize
+from .stages.pipeline import UnviewableError
 from .worksource import WorkItem
 
 __all__ = ["LONG", "ChatDoc", "ChatOptions", "ChatPack", "FetchChat", "fit_conversation"]
@@ -102,13 +105,13 @@ def fit_conversation(
 
 
 class FetchChat(ProcessLocal):
-    """``items -> [ChatDoc | TokDoc]``: chat datasets rendered and masked, the others tokenized by
-    ``text`` (their :class:`FetchTokenize`), in input order.
+    """``items -> [ChatDoc]``: the encoder of chat datasets (conversations rendered and masked).
 
     ``renderers`` / ``options``: per chat dataset index. ``on_error[d]``: a bad conversation (not
     JSON, unknown role, turns not alternating, no assistant turn, the template failing, a message
     spelling a special token) stops the run naming file and record ("raise") or is a counted
-    skip ("skip"). ``row_len``: the tokens a row holds (the long policy's limit).
+    skip ("skip"). ``row_len``: the tokens a row holds (the long policy's limit). Text datasets
+    of the same recipe have their own encoder (:class:`~zephon.nodes.RecordPipeline`).
     """
 
     def __init__(
@@ -117,35 +120,57 @@ class FetchChat(ProcessLocal):
         renderers: Mapping[int, ChatRenderer],
         options: Mapping[int, ChatOptions],
         row_len: int,
-        text: FetchTokenize | None = None,
         on_error: Sequence[str] | None = None,
     ) -> None:
         self.datasets = list(datasets)
         self.renderers, self.options = dict(renderers), dict(options)
-        self.row_len, self.text = int(row_len), text
+        self.row_len = int(row_len)
         self.on_error = list(on_error or ["raise"] * len(self.datasets))
         for p in self.on_error:
             if p not in ON_ERROR:
                 raise ValueError(f"on_error must be one of {ON_ERROR}, got {p!r}")
         ProcessLocal.__init__(self)
 
-    def __call__(self, items: list[WorkItem]) -> list[Any]:
+    def __call__(self, items: list[WorkItem], given: Mapping[tuple[int, int, int], Any] | None = None) -> list[Any]:
+        """``items`` (of chat datasets) -> their :class:`ChatDoc` s; ``given``: records already
+        read, by ``(dataset, shard, record)`` (the others are read here, grouped per shard)."""
         out: list[Any] = [None] * len(items)
-        chat = [j for j, it in enumerate(items) if it.dataset in self.renderers]
         other = [j for j, it in enumerate(items) if it.dataset not in self.renderers]
         if other:
-            if self.text is None:
-                raise ValueError(
-                    f"FetchChat has no text tokenizer for datasets {sorted({items[j].dataset for j in other})}"
-                )
-            for j, doc in zip(other, self.text([items[j] for j in other])):
-                out[j] = doc
-        order = sorted(chat, key=lambda j: (items[j].dataset, items[j].shard))
+            raise ValueError(
+                f"FetchChat encodes chat datasets only, not datasets {sorted({items[j].dataset for j in other})}"
+            )
+        given = given or {}
+        todo = [j for j, it in enumerate(items) if (it.dataset, it.shard, it.record) not in given]
+        for j, it in enumerate(items):
+            rec = given.get((it.dataset, it.shard, it.record))
+            if rec is not None:
+                out[j] = self._one(it, rec)
+        order = sorted(todo, key=lambda j: (items[j].dataset, items[j].shard))
         for (d, s), group in itertools.groupby(order, key=lambda j: (items[j].dataset, items[j].shard)):
             idx = list(group)
             for j, rec in zip(idx, self.datasets[d].read(s, [items[j].record for j in idx])):
                 out[j] = self._one(items[j], rec)
         return out
+
+    def conversation(self, d: int, value: str) -> dict[str, Any]:
+        """Dataset ``d``'s record ``value`` (its JSON text) as a conversation (raises
+        :class:`ConversationError` when it is not one)."""
+        opts = self.options[d]
+        return parse_conversation(value, opts.format, opts.system_prompt)
+
+    def view(self, d: int) -> Callable[[Any, str], str]:
+        """How a rule sees dataset ``d``'s records: ``"rendered"`` (the conversation as the chat
+        template renders it, the text trained on) or ``"raw"`` (the record's JSON text)."""
+        return functools.partial(self._view, d)
+
+    def _view(self, d: int, value: Any, how: str) -> str:
+        if how == "raw" or not isinstance(value, str):
+            return str(value)
+        try:
+            return self.renderers[d].render_text(self.conversation(d, value))
+        except ConversationError as e:
+            raise UnviewableError(str(e)) from None
 
     def _one(self, it: WorkItem, rec: Any) -> ChatDoc:
         d = it.dataset
@@ -155,7 +180,7 @@ class FetchChat(ProcessLocal):
         if not isinstance(rec, BadRecord):
             opts = self.options[d]
             try:
-                enc = self.renderers[d].encode(parse_conversation(rec, opts.format, opts.system_prompt))
+                enc = self.renderers[d].encode(self.conversation(d, rec))
             except ChatTimeoutError as e:  # not a bad record (it depends on the machine): the run stops
                 ix = self.datasets[d]
                 raise BadRecord(ix.name, ix.locate(it.shard, it.record)["file"], _locator(ix, it), str(e)).to_error(
@@ -175,7 +200,7 @@ class FetchChat(ProcessLocal):
 
     def __repr__(self) -> str:
         names = [self.datasets[d].name for d in sorted(self.renderers)]
-        return f"FetchChat(chat={names}, row_len={self.row_len}, text={self.text!r})"
+        return f"FetchChat(chat={names}, row_len={self.row_len})"
 
 
 def _locator(ix: ShardIndex, it: WorkItem) -> str:

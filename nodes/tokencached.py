@@ -29,8 +29,7 @@ def cache_places(fetch: Any, cache: TokenCache, items: Sequence[WorkItem]) -> li
     whole = TokenCache.settings_key(fetch.tokenizer.fingerprint)
     align = fetch.align if fetch.split == "tokens" else 1
     parts = TokenCache.settings_key(fetch.tokenizer.fingerprint, f"{fetch.split}|{align}|{fetch.part_search}")
-    rules = getattr(getattr(fetch, "chain", None), "rules", ())
-    rewritten = {d for d in range(len(fetch.datasets)) if any(r.kind == "transform" and r.applies(d) for r in rules)}
+    rewritten = fetch.rewritten  # datasets a transform rewrites: their texts are not the shards'
     out: list[Place | None] = []
     for it in items:
         if it.dataset in rewritten:  # a transform's text is not the shard's: not cached (user code may change)

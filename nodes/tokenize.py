@@ -27,10 +27,11 @@ token delivered at 1 to 256 lanes; see ``benchmarks/results/work.md``.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,6 +45,9 @@ from .tokencached import cache_setting, through_cache
 from .worksource import WorkItem
 
 __all__ = ["SPLIT_MODES", "FetchTokenize", "TokDoc", "check_token_widths", "part_span"]
+
+Key = tuple[int, int, int]  # a record: (dataset, shard, record)
+_UNREAD = object()  # a record :meth:`FetchTokenize.read` was not given
 
 #: how a long document's parts are made (see the module doc): from its "text" or its "tokens"
 SPLIT_MODES = ("tokens", "text")
@@ -189,7 +193,8 @@ class FetchTokenize(ProcessLocal):
     and record) or "skip" (the record becomes a counted, deterministic skip). ``split`` is how a
     long document's parts are made (module doc); ``align`` applies to "tokens" parts only: a
     "text" part is tokenized alone, so a packer that never splits a document cuts each part into
-    rows of its own (a part's last piece is shorter than a row).
+    rows of its own (a part's last piece is shorter than a row). ``rewritten``: the datasets a
+    ``transform`` rule rewrites (their tokens are not kept in the token cache: user code may change).
     """
 
     def __init__(
@@ -199,8 +204,10 @@ class FetchTokenize(ProcessLocal):
         on_error: Sequence[str] | None = None,
         align: int = 1,
         split: str = "tokens",
+        rewritten: Sequence[int] = (),
     ) -> None:
         self.datasets = list(datasets)
+        self.rewritten = frozenset(rewritten)  # datasets a transform rewrites (not in the token cache)
         self.align = int(align)
         self.tokenizer = tokenizer
         self.on_error = list(on_error or ["raise"] * len(self.datasets))
@@ -234,14 +241,27 @@ class FetchTokenize(ProcessLocal):
                 out[i] = t
         return out
 
-    def __call__(self, items: list[WorkItem]) -> list[TokDoc]:
-        return through_cache(self, items, self.tokenize)  # the node's token cache, if set
+    def read(self, items: Sequence[WorkItem], given: Mapping[Key, Any] | None = None) -> list[Any]:
+        """Each item's record as :meth:`fetch` reads it, or as ``given`` holds it (by
+        ``(dataset, shard, record)``: what the record pipeline read, a transform's new text)."""
+        if not given:
+            return self.fetch(items)
+        out = [given.get((it.dataset, it.shard, it.record), _UNREAD) for it in items]
+        missing = [j for j, v in enumerate(out) if v is _UNREAD]
+        if missing:
+            for j, v in zip(missing, self.fetch([items[j] for j in missing])):
+                out[j] = v
+        return out
 
-    def tokenize(self, items: list[WorkItem]) -> list[TokDoc]:
+    def __call__(self, items: list[WorkItem], given: Mapping[Key, Any] | None = None) -> list[TokDoc]:
+        """``items -> [TokDoc]``, through the node's token cache if set; ``given``: see :meth:`read`."""
+        return through_cache(self, items, functools.partial(self.tokenize, given=given))
+
+    def tokenize(self, items: list[WorkItem], given: Mapping[Key, Any] | None = None) -> list[TokDoc]:
         """``items -> [TokDoc]`` without the token cache."""
         if self.split == "text":
-            return self._text_parts(items)
-        docs = self._documents(items)
+            return self._text_parts(items, given)
+        docs = self._documents(items, given)
         out: list[TokDoc] = []
         empty = np.zeros(0, dtype=np.int32)
         for it, doc in zip(items, docs):
@@ -257,9 +277,9 @@ class FetchTokenize(ProcessLocal):
             out.append(TokDoc(toks, it.dataset, it, None, offset))
         return out
 
-    def _read_encode(self, items: Sequence[WorkItem]) -> list[Any]:
+    def _read_encode(self, items: Sequence[WorkItem], given: Mapping[Key, Any] | None = None) -> list[Any]:
         """Each item's whole document: its tokens (one batched tokenizer call), or its BadRecord."""
-        texts = self.fetch(items)
+        texts = self.read(items, given)
         good = [i for i, t in enumerate(texts) if isinstance(t, str)]
         out: list[Any] = [self._stored(it, t) if isinstance(t, np.ndarray) else t for it, t in zip(items, texts)]
         if good:
@@ -267,10 +287,10 @@ class FetchTokenize(ProcessLocal):
                 out[i] = toks
         return out
 
-    def _text_parts(self, items: Sequence[WorkItem]) -> list[TokDoc]:
+    def _text_parts(self, items: Sequence[WorkItem], given: Mapping[Key, Any] | None = None) -> list[TokDoc]:
         """The "text" split mode: each item's text (its record's, or its part's range of it),
         tokenized in one batched call; BOS only on a first part, EOS only on a last part."""
-        texts = self._texts(items)
+        texts = self._texts(items, given)
         out: list[Any] = [None] * len(items)
         whole: list[int] = []  # items that are whole documents
         cut: list[int] = []  # items that are parts of a long one
@@ -308,7 +328,7 @@ class FetchTokenize(ProcessLocal):
                 out[j] = TokDoc(ids, it.dataset, it, text_part=True)
         return out
 
-    def _texts(self, items: Sequence[WorkItem]) -> list[Any]:
+    def _texts(self, items: Sequence[WorkItem], given: Mapping[Key, Any] | None = None) -> list[Any]:
         """Each item's record text (or BadRecord): one read per record within the call, and a
         multi-part record once per process while it stays in the text cache."""
         cache = self.__dict__.get("_text_cache")
@@ -319,19 +339,19 @@ class FetchTokenize(ProcessLocal):
 
         def read(sub: Sequence[WorkItem]) -> list[Any]:
             keys = list(dict.fromkeys((it.dataset, it.shard, it.record) for it in sub))
-            texts = dict(zip(keys, self.fetch([WorkItem(d, s, r, 0, 0) for d, s, r in keys])))
+            texts = dict(zip(keys, self.read([WorkItem(d, s, r, 0, 0) for d, s, r in keys], given)))
             return [texts[it.dataset, it.shard, it.record] for it in sub]
 
         return self._shared(items, read, cache)
 
-    def _documents(self, items: Sequence[WorkItem]) -> list[Any]:
+    def _documents(self, items: Sequence[WorkItem], given: Mapping[Key, Any] | None = None) -> list[Any]:
         """Tokens (or BadRecord) of each item's whole document. A multi-part document is read and
         tokenized once per process while its parts are near (within a chunk, across concurrent
         chunks, and from the cache), a bad one is read once too."""
         cache = self.__dict__.get("_parts_cache")
         if cache is None:
             cache = self.__dict__.setdefault("_parts_cache", _DocCache(64))
-        return self._shared(items, self._read_encode, cache)
+        return self._shared(items, functools.partial(self._read_encode, given=given), cache)
 
     @staticmethod
     def _shared(items: Sequence[WorkItem], load: Any, cache: _DocCache) -> list[Any]:

@@ -10,7 +10,9 @@ call and lays out each sample's tokens as TorchTitan's multimodal pipeline does:
     [BOS] text... <|vision_start|> <|image_pad|> x N <|vision_end|> text... [EOS]
 
 with ``N = (H / patch) * (W / patch) / merge**2`` for an image resized to H x W. Text-only
-datasets of the same recipe go through :class:`zephon.nodes.FetchTokenize` unchanged.
+datasets of the same recipe have their own encoder, :class:`MMText` (their
+:class:`zephon.nodes.FetchTokenize` documents as :class:`MMDoc`); ``[[filters]]`` see a sample's
+caption (:func:`caption`).
 
 Layout (TorchTitan 0.3.0, ``hf_datasets/multimodal/utils/image.py::vision_to_patches`` with
 ``patch_order="block"``): an image becomes ``temporal_patch_size`` identical frames; patches
@@ -24,7 +26,7 @@ Bad images (:class:`zephon.nodes.images.ImageError`) follow the dataset's ``on_e
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,6 +44,8 @@ __all__ = [
     "FetchVision",
     "LayoutSpan",
     "MMDoc",
+    "MMText",
+    "caption",
     "mrope_positions",
     "sample_layout",
 ]
@@ -156,6 +160,26 @@ class MMDoc(NamedTuple):
         return self.item.provenance
 
 
+def caption(value: Any, how: str = "rendered") -> str:
+    """What a text rule sees of an image-text sample: its text segments joined by line breaks."""
+    return "\n".join(seg for seg in getattr(value, "segments", ()) if isinstance(seg, str))
+
+
+class MMText(ProcessLocal):
+    """The encoder of the text datasets of an image-text recipe: :class:`FetchTokenize`'s
+    documents as :class:`MMDoc` s (no images), so one packer takes both."""
+
+    def __init__(self, text: FetchTokenize) -> None:
+        self.text = text
+        ProcessLocal.__init__(self)
+
+    def __call__(self, items: list[WorkItem], given: Mapping[tuple[int, int, int], Any] | None = None) -> list[MMDoc]:
+        return [MMDoc(d.tokens, d.dataset, d.item, skipped=d.skipped, offset=d.offset) for d in self.text(items, given)]
+
+    def __repr__(self) -> str:
+        return f"MMText({self.text!r})"
+
+
 class FetchVision(ProcessLocal):
     """``items -> [MMDoc]`` for a recipe mixing text and image-text datasets.
 
@@ -183,7 +207,6 @@ class FetchVision(ProcessLocal):
         self.special = dict(special)
         self.on_error = list(on_error or ["raise"] * len(self.datasets))
         self.row_len = int(row_len)
-        self.text = FetchTokenize(self.datasets, tokenizer, self.on_error, align=self.row_len)
         self._special_ids = np.array([self.special[k] for k in SPECIAL_NAMES], dtype=np.int64)
         ProcessLocal.__init__(self)
 
@@ -200,17 +223,25 @@ class FetchVision(ProcessLocal):
     def _skip(self, it: WorkItem, reason: str) -> MMDoc:
         return MMDoc(np.zeros(0, np.int32), it.dataset, it, skipped=reason)
 
-    def __call__(self, items: list[WorkItem]) -> list[MMDoc]:
+    def __call__(self, items: list[WorkItem], given: Mapping[tuple[int, int, int], Any] | None = None) -> list[MMDoc]:
+        """``items`` (of image-text datasets) -> their :class:`MMDoc` s; ``given``: samples already
+        read, by ``(dataset, shard, record)`` (the others are read here, grouped per shard)."""
         out: list[MMDoc | None] = [None] * len(items)
-        text_idx = [i for i, it in enumerate(items) if self.kinds[it.dataset] == "text"]
-        if text_idx:
-            for i, doc in zip(text_idx, self.text([items[i] for i in text_idx])):
-                out[i] = MMDoc(doc.tokens, doc.dataset, doc.item, skipped=doc.skipped, offset=doc.offset)
-        mm_idx = [i for i, it in enumerate(items) if self.kinds[it.dataset] != "text"]
+        text = [i for i, it in enumerate(items) if self.kinds[it.dataset] == "text"]
+        if text:
+            raise ValueError(
+                f"FetchVision encodes image-text datasets only, not {sorted({items[i].dataset for i in text})}"
+            )
+        mm_idx = list(range(len(items)))
         if not mm_idx:
-            return out  # type: ignore[return-value]
+            return []
+        given = given or {}
         records: dict[int, Any] = {}
-        order = sorted(mm_idx, key=lambda i: (items[i].dataset, items[i].shard))
+        for i, it in enumerate(items):
+            got = given.get((it.dataset, it.shard, it.record))
+            if got is not None:
+                records[i] = got
+        order = sorted((i for i in mm_idx if i not in records), key=lambda i: (items[i].dataset, items[i].shard))
         for (d, s), group in itertools.groupby(order, key=lambda i: (items[i].dataset, items[i].shard)):
             idx = list(group)
             for i, rec in zip(idx, self.datasets[d].read(s, [items[i].record for i in idx])):

@@ -110,7 +110,7 @@ def test_transform_reaches_the_tokenizer(filtered):
     p = filtered.prepare()
     src = p.plan.lane(0)
     items = [it for it in (next(src) for _ in range(60)) if it.dataset == 1][:4]
-    docs = p.fetch(items)
+    docs = p.pipeline(items)
     tok = p.tokenizer
     for it, doc in zip(items, docs):
         if isinstance(doc, FilteredDoc):

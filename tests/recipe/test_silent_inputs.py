@@ -19,8 +19,7 @@ from text_fixtures import write_corpus, write_recipe
 from zephon import Recipe, StateError, batch_sha256
 from zephon.data import BUNDLED_TOKENIZER, TextTokenizer
 from zephon.engine.checkpoint import decode_state, encode_state
-from zephon.nodes import FilterRule, FilterVerdict
-from zephon.nodes.filters import FieldError
+from zephon.nodes import FieldError, FilterRule, FilterVerdict
 from zephon.recipe import RecipeError
 from zephon.tools.demo import TOKENIZER_DIR
 

@@ -105,7 +105,7 @@ def test_version_one_tokenizes_whole_documents_for_each_lane(corpus, monkeypatch
 def test_parts_tile_the_text_and_carry_bos_and_eos_once(corpus):
     r = recipe(corpus, 1, 2)
     p = r.prepare()
-    fetch, tok, ix = p.fetch, p.tokenizer, p.indexes[0]
+    fetch, tok, ix = p.text_encoder, p.tokenizer, p.indexes[0]
     assert fetch.split == "text"
     items = []
     src = p.plan.lane(0)

@@ -265,7 +265,7 @@ def test_decoding_is_bit_identical_across_threads_processes_and_runs(recipe):
 
     def digest(workers):
         src = LaneWorkSource(p.plan, 1)
-        node = OrderedMapper(src, batch_fn=p.fetch, workers=workers, chunk_size=4)
+        node = OrderedMapper(src, batch_fn=p.pipeline, workers=workers, chunk_size=4)
         h = hashlib.sha256()
         n_img = 0
         try:
@@ -300,13 +300,13 @@ def test_decoding_is_bit_identical_across_threads_processes_and_runs(recipe):
 def _mm_source(recipe, lane, workers=WorkerConfig(0)):
     p = recipe.prepare()
     node = LaneWorkSource(p.plan, lane)
-    node = OrderedMapper(node, batch_fn=p.fetch, workers=workers, chunk_size=4)
+    node = OrderedMapper(node, batch_fn=p.pipeline, workers=workers, chunk_size=4)
     return SkipCounter(node, dataset_names=[s.name for s in recipe.datasets], lanes=recipe.lanes)
 
 
 def test_check_node_mapper_fetch_vision(recipe):
     check_node(
-        lambda: OrderedMapper(LaneWorkSource(recipe.prepare().plan, 0), batch_fn=recipe.prepare().fetch, chunk_size=4),
+        lambda: OrderedMapper(LaneWorkSource(recipe.prepare().plan, 0), batch_fn=recipe.prepare().pipeline, chunk_size=4),
         max_steps=24,
         every=3,
         compare_steps=6,

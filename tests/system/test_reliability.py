@@ -382,7 +382,7 @@ def test_skip_counter_and_work_source_restore_at_every_step(data):
     check_node(lambda: LaneWorkSource(p.plan, 1), max_steps=120)
 
     def make(lane):
-        node = OrderedMapper(LaneWorkSource(p.plan, lane), batch_fn=p.fetch, chunk_size=5)
+        node = OrderedMapper(LaneWorkSource(p.plan, lane), batch_fn=p.pipeline, chunk_size=5)
         return SkipCounter(node, dataset_names=["web", "code"], lanes=r.lanes)
 
     def first_skip(lane):  # outputs before the lane's first skipped record (the order decides)

@@ -82,7 +82,7 @@ def test_warm_resumes_where_a_killed_job_stopped(recipe_path, baseline, folder):
     units = warm_units(p)
     first = units[: len(units) // 2]
     for u in first:  # the shards a killed job finished
-        warm_shard(p.fetch, shard_items(p.plan, u.dataset, u.shard))
+        warm_shard(p.pipeline, shard_items(p.plan, u.dataset, u.shard))
     done = sum(len(shard_items(p.plan, u.dataset, u.shard)) for u in first)
     rest = warm_local(Recipe.from_toml(recipe_path), threads=1)
     assert rest["tokenized"] == rest["items"] - done

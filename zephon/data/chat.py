@@ -429,6 +429,13 @@ class ChatRenderer:
                         f"the tools ({key!r}) spell the special token {sp!r}; remove it from the data"
                     )
 
+    def render_text(self, conv: dict[str, Any]) -> str:
+        """The conversation as the template renders it (the text trained on), bounded in time and
+        size like :meth:`encode`; special tokens spelled by a message are refused as there."""
+        self.check_specials(conv)
+        with self._budget(conv):
+            return self._render(conv)[0]
+
     def assistant_spans(self, conv: dict[str, Any]) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the character span of each assistant turn (module doc)."""
         with self._budget(conv):

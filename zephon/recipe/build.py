@@ -2,11 +2,13 @@
 
 A text lane::
 
-    WorkSource(lane) -> OrderedMapper(FetchTokenize) -> SkipCounter -> Pack -> WindowShuffle -> Batch
+    WorkSource(lane) -> OrderedMapper(RecordPipeline) -> [FilterCounter] -> SkipCounter -> Pack -> WindowShuffle -> Batch
 
 an image-text lane::
 
-    WorkSource(lane) -> OrderedMapper(FetchVision) -> SkipCounter -> MMPack -> WindowShuffle (of micro-batches)
+    WorkSource(lane) -> OrderedMapper(RecordPipeline) -> [FilterCounter] -> SkipCounter -> MMPack -> WindowShuffle (of micro-batches)
+
+(:class:`~zephon.nodes.RecordPipeline`: read -> ``[[filters]]`` -> each dataset kind's encoder).
 
 :class:`RecipeLanes` is the :class:`zephon.engine.lanes.LaneSet` a router builds its lanes from: it
 carries the :class:`~zephon.recipe.prepare.Prepared` recipe (and with it the token estimates a
@@ -36,7 +38,7 @@ from zephon.nodes import (
     Batch,
     Carry,
     ChatPack,
-    FilteredTokenize,
+    FilterCounter,
     LaneWorkSource,
     MMPack,
     Pack,
@@ -91,7 +93,7 @@ def _front(p: Prepared, ctx: LaneContext, stage: str, workers: WorkerConfig | No
     node: BaseNode = LaneWorkSource(p.plan, ctx.lane, ahead=_download_ahead(p))
     node = OrderedMapper(
         node,
-        batch_fn=p.fetch,
+        batch_fn=p.pipeline,
         workers=wc,
         pool=ctx.pool(wc),
         chunk_size=chunk,
@@ -99,8 +101,15 @@ def _front(p: Prepared, ctx: LaneContext, stage: str, workers: WorkerConfig | No
         lane=ctx.lane,
         name=f"fetch+{stage}",
     )
-    if isinstance(p.fetch, FilteredTokenize):  # [[filters]]: count and drop what they dropped
-        node = p.fetch.counter(node, [s.name for s in spec.datasets])
+    rules = p.pipeline.rules
+    if rules:  # [[filters]]: count and drop what they dropped, run the stateful ones
+        node = FilterCounter(
+            node,
+            rules=[r.name for r in rules],
+            dataset_names=[s.name for s in spec.datasets],
+            stateful=[r for r in rules if r.on_lane],
+            locate=p.pipeline.record_name,
+        )
     return SkipCounter(
         node,
         dataset_names=[s.name for s in spec.datasets],

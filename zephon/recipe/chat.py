@@ -20,13 +20,13 @@ import numpy as np
 from zephon.data import ChatRenderer, ConversationError, ShardIndex
 from zephon.data.chat import load_chat_template, parse_conversation
 from zephon.data.chatbounds import ChatTimeoutError
-from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, FetchTokenize, fit_conversation
+from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, fit_conversation
 
 from .spec import CHAT_KIND, COUNT, RecipeError, RecipeSpec
 
 __all__ = [
     "CHAT_KEYS",
-    "chat_fetch",
+    "chat_encoder",
     "chat_renderers",
     "check_chat",
     "estimate_chat",
@@ -80,9 +80,11 @@ def chat_renderers(spec: RecipeSpec) -> dict[int, ChatRenderer]:
     return out
 
 
-def templates_digest(spec: RecipeSpec) -> str:
-    """What the chat templates add to the recipe fingerprint ("" without chat datasets)."""
-    prints = [f"{d}:{r.fingerprint}" for d, r in sorted(chat_renderers(spec).items())]
+def templates_digest(spec: RecipeSpec, renderers: Mapping[int, ChatRenderer] | None = None) -> str:
+    """What the chat templates add to the recipe fingerprint ("" without chat datasets);
+    ``renderers``: the recipe's, when built already."""
+    chat = chat_renderers(spec) if renderers is None else renderers
+    prints = [f"{d}:{r.fingerprint}" for d, r in sorted(chat.items())]
     return hashlib.sha256(";".join(prints).encode()).hexdigest()[:16] if prints else ""
 
 
@@ -122,15 +124,10 @@ def estimate_chat(
     return (max(tokens, 1) / nbytes if nbytes else 1.0), 0.0, records, bad
 
 
-def chat_fetch(spec: RecipeSpec, indexes: Sequence[ShardIndex], text: FetchTokenize | None) -> FetchChat:
-    """The mapper's batch function of a recipe with chat datasets (text datasets go to ``text``)."""
+def chat_encoder(spec: RecipeSpec, indexes: Sequence[ShardIndex], renderers: Mapping[int, ChatRenderer]) -> FetchChat:
+    """The encoder of a recipe's chat datasets (its record pipeline's, beside the text one)."""
     return FetchChat(
-        indexes,
-        chat_renderers(spec),
-        _options(spec),
-        row_len=spec.seq_len + 1,
-        text=text,
-        on_error=[s.on_error for s in spec.datasets],
+        indexes, renderers, _options(spec), row_len=spec.seq_len + 1, on_error=[s.on_error for s in spec.datasets]
     )
 
 

@@ -67,33 +67,36 @@ from typing import Any
 import numpy as np
 import regex
 
-from zephon.data.datasets import BadRecord
+from zephon.data.datasets import TOKEN_FORMATS, BadRecord
+from zephon.data.tokenizer import TextTokenizer
 from zephon.engine import IndexPermutation
 from zephon.engine.seeding import stable_u64
 from zephon.nodes import (
     FILTER_KINDS,
-    FilterChain,
-    FilteredTokenize,
     FilterError,
     FilterRule,
-    FilterVerdict,
+    RecordPipeline,
     StatefulFunction,
     call_bound,
     duplicate_records,
     resolve_function,
 )
+from zephon.nodes.stages import Record, RuleStage, UnviewableError
 
+from .estimate import TokenEstimate
 from .explain import filters_summary
-from .prepare import Prepared, TokenEstimate, work_plan
-from .spec import RecipeError, RecipeSpec
+from .spec import CHAT_KIND, DatasetSpec, RecipeError, RecipeSpec
 
 __all__ = [
     "DETERMINISM_SAMPLES",
     "FilterSpec",
     "code_fingerprint",
+    "filter_rules",
     "filtered_estimate",
+    "filters_definition",
+    "filters_fingerprint",
     "parse_filters",
-    "with_filters",
+    "prepare_filters",
 ]
 
 #: records per dataset each user function is called on twice before the run
@@ -275,26 +278,53 @@ def parse_filters(raw: Any, spec: RecipeSpec) -> tuple[FilterSpec, ...]:
             missing = [d for d in ds if d not in names]
             if missing:
                 raise _err(where, f"datasets names {missing[0]!r}, not a dataset of the recipe ({', '.join(names)})")
-        if spec.multimodal:
-            raise _err(where, "filters apply to text recipes; this recipe has image-text datasets")
         with call_bound(spec.workers.for_stage("tokenize").timeout_s):  # a stateful class is built here
             out.append(FilterSpec(name, kind, None if ds is None else tuple(ds), **_params(where, entry)))
     return tuple(out)
 
 
-def _rules(filters: Sequence[FilterSpec], spec: RecipeSpec) -> list[FilterRule]:
+def filter_rules(filters: Sequence[FilterSpec], spec: RecipeSpec) -> list[RuleStage]:
+    """The record pipeline's rules for ``filters`` (dataset names as indices), each checked
+    against the kinds of the datasets it applies to: a rule that cannot judge a dataset is
+    refused with one line naming why (a text rule on stored token ids, a transform of a
+    conversation or an image-text sample)."""
     index = {d.name: i for i, d in enumerate(spec.datasets)}
-    return [
+    timeout = spec.workers.for_stage("tokenize").timeout_s
+    rules = [
         FilterRule(
             f.name,
             f.kind,
             None if f.datasets is None else tuple(index[d] for d in f.datasets),
             dict(f.params),
             f.function,
-            timeout=spec.workers.for_stage("tokenize").timeout_s,
+            timeout=timeout,
+            sees=getattr(f, "sees", None) or "rendered",
         )
         for f in filters
     ]
+    for rule in rules:
+        for d, ds in enumerate(spec.datasets):
+            if rule.applies(d):
+                _check_applies(rule, ds)
+    return rules
+
+
+def _check_applies(rule: RuleStage, ds: DatasetSpec) -> None:
+    """Refuse (one line, naming why) rule ``rule`` on a dataset it cannot judge."""
+    where = f"recipe: [[filters]] {rule.name!r} ({rule.kind}) cannot apply to dataset {ds.name!r}"
+    fix = "restrict the filter with datasets = [...]"
+    if ds.format in TOKEN_FORMATS and rule.needs_text:
+        raise RecipeError(
+            f'{where}: it is pretokenized (stored token ids, no text); only length rules in unit = "tokens", '
+            f"dedup and stateful-free id rules apply to it; {fix}"
+        )
+    if rule.kind == "transform" and ds.kind != "text":
+        raise RecipeError(
+            f"{where}: a transform rewrites plain text, and a {ds.kind} record is not plain text (its conversation "
+            f'or sample would be lost); {fix} to text datasets, or use kind = "function" to filter it'
+        )
+    if rule.kind == "image_size" and ds.kind in ("text", CHAT_KIND):
+        raise RecipeError(f"{where}: it has no images; {fix} to image-text datasets")
 
 
 def _sample(ix: Any, seed: int, d: int, k: int) -> list[tuple[int, int]]:
@@ -306,50 +336,51 @@ def _sample(ix: Any, seed: int, d: int, k: int) -> list[tuple[int, int]]:
     return [(int(s), int(p - offsets[s])) for s, p in zip(shards, picks)]
 
 
-def _read(ix: Any, pairs: Sequence[tuple[int, int]]) -> list[Any]:
-    out: list[Any] = []
-    for s in sorted({s for s, _ in pairs}):
-        out += ix.read(s, [r for ss, r in pairs if ss == s])
-    return out
-
-
-def _decided(fetch: FilteredTokenize, d: int, pairs: Sequence[tuple[int, int]], upto: int | None = None) -> list[Any]:
-    """The chain's answer for each sampled record (``pairs`` in file order), as the workers give it;
+def _decided(pipe: RecordPipeline, d: int, pairs: Sequence[tuple[int, int]], upto: int | None = None) -> list[Any]:
+    """The rules' answer for each sampled record (``pairs`` in file order), as the workers give it;
     a rule's error (a user function's, a field's) as a :class:`RecipeError` naming the record."""
     out: list[Any] = []
     try:
         for s in sorted({s for s, _ in pairs}):
-            out += fetch.decide_records(d, s, [r for ss, r in pairs if ss == s], upto)
+            out += pipe.decide_records(d, s, [r for ss, r in pairs if ss == s], upto)
     except FilterError as e:
         raise RecipeError(f"recipe: {e}") from e.__cause__
     return out
 
 
-def _check_determinism(chain: FilterChain, d: int, ix: Any, pairs: Sequence[tuple[int, int]]) -> None:
+def _check_determinism(pipe: RecordPipeline, d: int, pairs: Sequence[tuple[int, int]]) -> None:
     """Call each user rule twice on the first sampled records; refuse a differing answer."""
-    count = len  # user rules never count tokens
-    for rule in chain.rules:
+    head = pairs[:DETERMINISM_SAMPLES]
+    for rule in pipe.rules:
         if rule.kind not in ("function", "transform") or not rule.applies(d):
             continue
-        for (s, r), text in zip(pairs[:DETERMINISM_SAMPLES], _read(ix, pairs[:DETERMINISM_SAMPLES])):
-            if isinstance(text, BadRecord):
+        for (s, r), rec in zip(head, _decided(pipe, d, head, upto=0)):
+            if not isinstance(rec, Record):
                 continue
-            where = ix.locate(s, r)
-            rec = f"dataset {ix.name!r}, file {where['file']!r}, {where['locator']}"
+            rec_name = pipe.record_name(d, s, r)
             try:
-                first, again = (rule.apply(s, r, d, text, count) for _ in range(2))
+                first, again = (_answer(rule, Record(d, s, r, rec.value, rec.fields, pipe.views[d])) for _ in range(2))
             except FilterError as e:
-                raise RecipeError(f"recipe: {str(e).replace('{record}', rec)}") from e.__cause__
+                raise RecipeError(f"recipe: {str(e).replace('{record}', rec_name)}") from e.__cause__
             if first != again:
                 raise RecipeError(
                     f"recipe: filter {rule.name!r} ({rule.kind} {rule.function!r}) is not deterministic: called twice "
-                    f"on {rec} it answered differently; zephon's batches must be a function of the recipe, so make "
+                    f"on {rec_name} it answered differently; zephon's batches must be a function of the recipe, so make "
                     "it depend on its text and parameters only (seed any randomness from the text)"
                 )
 
 
+def _answer(rule: RuleStage, rec: Record) -> Any:
+    """A rule's answer on ``rec``: its verdict, or the text it leaves (a transform's new text)."""
+    try:
+        got = rule(rec)
+    except UnviewableError:
+        return None
+    return got if got is not None else rec.text
+
+
 def _run_stateful(
-    fetch: FilteredTokenize, rule: FilterRule, d: int, pairs: Sequence[tuple[int, int]], texts: Sequence[str]
+    pipe: RecordPipeline, rule: RuleStage, d: int, pairs: Sequence[tuple[int, int]], texts: Sequence[str]
 ) -> list[bool]:
     """A stateful rule's answers over ``texts`` (the kept sampled records, in order) by one
     instance, checked against an instance stopped halfway whose state, through JSON, a fresh
@@ -370,37 +401,35 @@ def _run_stateful(
         for pos in range(half, len(texts)):
             got.append(b(texts[pos]))
     except FilterError as e:
-        rec = fetch.record_name(d, *pairs[pos]) if pairs else "(no record)"
+        rec = pipe.record_name(d, *pairs[pos]) if pairs else "(no record)"
         raise RecipeError(f"recipe: {str(e).replace('{record}', rec)}") from e.__cause__
     for k, (x, y) in enumerate(zip(ref, got)):
         if x != y:
             raise RecipeError(
                 f"recipe: {where} is not deterministic or does not restore exactly: run over the sampled records "
-                f"of dataset {fetch.datasets[d].name!r} it answered {x} on {fetch.record_name(d, *pairs[k])}, but "
+                f"of dataset {pipe.datasets[d].name!r} it answered {x} on {pipe.record_name(d, *pairs[k])}, but "
                 f"{y} when restored from its state() halfway; make __call__ depend on the text, the params and "
                 "what state() holds only, and load(state) restore all of it"
             )
     return ref
 
 
-def filtered_estimate(fetch: FilteredTokenize, d: int, pairs: Sequence[tuple[int, int]]) -> TokenEstimate:
-    """Tokens per byte of dataset ``d`` after the chain (its stateful rules run over the sample
-    in file order, by one instance each): content tokens of the kept (transformed) texts over the
-    bytes of every good sampled record, BOS/EOS scaled by the share kept. Checks each stateful
-    rule (:func:`_run_stateful`) on the way."""
-    ix, tok = fetch.datasets[d], fetch.tokenizer
+def _kept(pipe: RecordPipeline, d: int, pairs: Sequence[tuple[int, int]]) -> tuple[list[Record], int, int]:
+    """The sampled records the rules keep (the stateful ones run over the sample in file order,
+    by one instance each, and checked on the way), the good records' bytes and their count."""
+    ix = pipe.datasets[d]
     nbytes, kept, good, where = 0, [], 0, []
-    for (s, r), text in zip(pairs, _decided(fetch, d, pairs)):
-        if isinstance(text, BadRecord):
+    for (s, r), rec in zip(pairs, _decided(pipe, d, pairs)):
+        if isinstance(rec, BadRecord):
             continue
         good += 1
         nbytes += int(ix.record_bytes(s)[r])
-        if not isinstance(text, FilterVerdict):
-            kept.append(text)
+        if isinstance(rec, Record):
+            kept.append(rec)
             where.append((s, r))
-    for rule in fetch.chain.rules:
-        if rule.kind == "stateful" and rule.applies(d):
-            keep = _run_stateful(fetch, rule, d, where, kept)
+    for rule in pipe.rules:
+        if rule.on_lane and rule.applies(d):
+            keep = _run_stateful(pipe, rule, d, where, [str(k.sees(rule.sees)) for k in kept])
             kept, where = [t for t, k in zip(kept, keep) if k], [w for w, k in zip(where, keep) if k]
     if good and not kept:
         raise RecipeError(
@@ -408,53 +437,80 @@ def filtered_estimate(fetch: FilteredTokenize, d: int, pairs: Sequence[tuple[int
             "it could not deliver its share (a lane would read it forever). Loosen the filters for it, restrict "
             "them with datasets = [...], or remove the dataset"
         )
-    per_record = int(tok.add_bos) + int(tok.add_eos)
-    heads = [t[:ESTIMATE_CHARS] for t in kept]
-    tokens = sum(len(ids) * len(t) / max(1, len(h)) for ids, t, h in zip(tok.encode_content(heads), kept, heads))
+    return kept, nbytes, good
+
+
+def filtered_estimate(
+    pipe: RecordPipeline, tok: TextTokenizer, d: int, pairs: Sequence[tuple[int, int]], base: TokenEstimate
+) -> TokenEstimate:
+    """Tokens per byte of dataset ``d`` after the rules, over the bytes of every good sampled
+    record. A text dataset's kept (transformed) texts are tokenized: content tokens of the kept
+    texts, BOS/EOS scaled by the share kept. Another kind's estimate ``base`` (its tokens as it
+    renders, stores or lays them out) is scaled by the share of bytes kept."""
+    ix = pipe.datasets[d]
+    kept, nbytes, good = _kept(pipe, d, pairs)
     share = len(kept) / good if good else 1.0
+    if pipe.views[d] is not None or any(isinstance(k.value, np.ndarray) for k in kept):
+        kept_bytes = sum(int(ix.record_bytes(k.shard)[k.record]) for k in kept)
+        scale = kept_bytes / nbytes if nbytes else 1.0
+        return TokenEstimate(max(base.tokens_per_byte * scale, 1e-9), base.tokens_per_record * share, len(kept))
+    per_record = int(tok.add_bos) + int(tok.add_eos)
+    texts = [str(k.sees()) for k in kept]
+    heads = [t[:ESTIMATE_CHARS] for t in texts]
+    tokens = sum(len(ids) * len(t) / max(1, len(h)) for ids, t, h in zip(tok.encode_content(heads), texts, heads))
     return TokenEstimate(max(tokens, 1.0) / max(nbytes, 1), per_record * share, len(kept))
 
 
-def _dedup(fetch: FilteredTokenize, at: int, d: int) -> frozenset[tuple[int, int]]:
-    """The later copies of dataset ``d``'s texts (after the rules before ``at``)."""
-    ix = fetch.datasets[d]
+def _dedup(pipe: RecordPipeline, at: int, d: int) -> frozenset[tuple[int, int]]:
+    """The later copies of dataset ``d``'s records (their text, or stored ids, after the rules before ``at``)."""
+    ix = pipe.datasets[d]
+    sees = pipe.rules[at].sees
 
     def read_shard(s: int) -> Any:
         n = ix.shards[s].num_records
         for lo in range(0, n, 4096):
-            yield from _decided(fetch, d, [(s, r) for r in range(lo, min(n, lo + 4096))], upto=at)
+            yield from _decided(pipe, d, [(s, r) for r in range(lo, min(n, lo + 4096))], upto=at)
 
-    return duplicate_records(read_shard, len(ix.shards), lambda s, r, t: t)
+    def text_of(s: int, r: int, rec: Any) -> Any:
+        if not isinstance(rec, Record):
+            return None
+        try:
+            return rec.sees(sees)
+        except UnviewableError:
+            return None
+
+    return duplicate_records(read_shard, len(ix.shards), text_of)
 
 
-def with_filters(p: Prepared, filters: Sequence[FilterSpec]) -> Prepared:
-    """``p`` with the recipe's filters: the workers' fetch runs the chain, the duplicates are
-    listed, user functions checked, token estimates measured after filtering, the plan re-made
-    and the fingerprint extended by the rules' identity. ``p`` itself when there are none."""
-    if not filters:
-        return p
-    spec = p.spec
-    chain = FilterChain(_rules(filters, spec))
-    f = p.fetch
-    fetch = FilteredTokenize(f.datasets, f.tokenizer, f.on_error, align=f.align, split=f.split, chain=chain)
-    estimates = dict(p.estimates)
+def prepare_filters(
+    pipe: RecordPipeline, spec: RecipeSpec, tok: TextTokenizer, estimates: Mapping[str, TokenEstimate]
+) -> dict[str, TokenEstimate]:
+    """Make ``pipe``'s rules ready before the run and return the token estimates after them:
+    the duplicates listed, user functions checked (called twice; stateful ones stopped and
+    restored halfway), each filtered dataset's tokens measured after filtering."""
+    out = dict(estimates)
     with call_bound(spec.workers.for_stage("tokenize").timeout_s):  # user code runs here, in the main process: bounded
-        for d, (ds, ix) in enumerate(zip(spec.datasets, p.indexes)):
-            if not any(rule.applies(d) for rule in chain.rules):
+        for d, (ds, ix) in enumerate(zip(spec.datasets, pipe.datasets)):
+            if not any(rule.applies(d) for rule in pipe.rules):
                 continue
-            for at, rule in enumerate(chain.rules):
+            for at, rule in enumerate(pipe.rules):
                 if rule.kind == "dedup" and rule.applies(d):
-                    rule.duplicates = {**rule.duplicates, d: _dedup(fetch, at, d)}
+                    rule.duplicates = {**rule.duplicates, d: _dedup(pipe, at, d)}
             pairs = _sample(ix, spec.seed, d, spec.mixing.estimate_samples)
-            _check_determinism(chain, d, ix, pairs)
-            estimates[ds.name] = filtered_estimate(fetch, d, pairs)
-    h = hashlib.sha256(p.fingerprint.encode())
+            _check_determinism(pipe, d, pairs)
+            out[ds.name] = filtered_estimate(pipe, tok, d, pairs, estimates[ds.name])
+    return out
+
+
+def filters_fingerprint(fingerprint: str, filters: Sequence[FilterSpec]) -> str:
+    """The recipe fingerprint extended by the rules' identity (``fingerprint`` itself without rules)."""
+    if not filters:
+        return fingerprint
+    h = hashlib.sha256(fingerprint.encode())
     h.update(json.dumps([x.definition() for x in filters], sort_keys=True).encode())
-    return dataclasses.replace(
-        p,
-        estimates=estimates,
-        plan=work_plan(spec, p.indexes, estimates),
-        fetch=fetch,
-        fingerprint=h.hexdigest()[:32],
-        definition={**p.definition, "filters": filters_summary([x.definition() for x in filters])},
-    )
+    return h.hexdigest()[:32]
+
+
+def filters_definition(filters: Sequence[FilterSpec]) -> dict[str, Any]:
+    """What the rules add to a checkpoint's summary of the data definition (empty without rules)."""
+    return {"filters": filters_summary([x.definition() for x in filters])} if filters else {}

@@ -28,6 +28,7 @@ import numpy as np
 from tqdm.std import tqdm  # tqdm.auto warns in a notebook kernel without ipywidgets (IProgress)
 
 from zephon.data import (
+    ChatRenderer,
     DatasetIndex,
     ImageTextShardIndex,
     ShardIndex,
@@ -36,10 +37,19 @@ from zephon.data import (
     index_multimodal,
 )
 from zephon.engine import StateError
-from zephon.nodes import DatasetPlan, FetchTokenize, FetchVision, VisionConfig, WeightSchedule, WorkPlan
+from zephon.nodes import (
+    DatasetPlan,
+    FetchTokenize,
+    FetchVision,
+    RecordPipeline,
+    VisionConfig,
+    WeightSchedule,
+    WorkPlan,
+)
+from zephon.nodes.vision import MMText, caption
 
 from .blocks import dataset_block
-from .chat import chat_fetch, chat_renderers, estimate_chat, templates_digest
+from .chat import chat_encoder, chat_renderers, estimate_chat, templates_digest
 from .estimate import (
     BadSamplesWarning,
     TokenEstimate,
@@ -48,6 +58,7 @@ from .estimate import (
     estimate_tokens,
     estimation_sample,
 )
+from .filters import FilterSpec, filter_rules, filters_definition, filters_fingerprint, prepare_filters
 from .spec import CHAT_KIND, DatasetSpec, RecipeError, RecipeSpec
 
 __all__ = [
@@ -55,6 +66,7 @@ __all__ = [
     "fingerprint_of",
     "index_kwargs",
     "prepare",
+    "record_pipeline",
     "record_weights",
     "with_tokenizer",
     "work_plan",
@@ -203,12 +215,21 @@ class Prepared:
     tokenizer: TextTokenizer
     estimates: Mapping[str, TokenEstimate]
     plan: WorkPlan
-    fetch: Any  # the mapper's worker function: FetchTokenize, or FetchVision for image-text recipes
+    pipeline: RecordPipeline  # the lane mapper's batch function: read -> [[filters]] -> each kind's encoder
     fingerprint: str
     special: Mapping[str, int]  # image placeholder token ids (multimodal recipes)
     #: a summary of the data definition's optional parts (``[[filters]]``), kept in checkpoints
     #: so a refused resume can name what differs; empty (and absent from checkpoints) without them
     definition: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def text_encoder(self) -> FetchTokenize | None:
+        """The encoder of the text datasets of a text recipe (what the token cache and a warm
+        job use), None for an image-text recipe or one without text datasets."""
+        for e in self.pipeline.encoders:
+            if isinstance(e, FetchTokenize):
+                return e
+        return None
 
     @property
     def pad_id(self) -> int:
@@ -329,10 +350,18 @@ def _index(spec: RecipeSpec, s: DatasetSpec, progress: bool | None, group: Any =
     return index_multimodal(s.name, s.path, cache_dir=spec.cache_dir, tar_images=tar_images, **index_kwargs(s))
 
 
-def prepare(spec: RecipeSpec, progress: bool | None = None, group: Any = None) -> Prepared:
-    """Load the tokenizer, index the datasets, estimate tokens and plan the work (I/O).
+def prepare(
+    spec: RecipeSpec,
+    progress: bool | None = None,
+    group: Any = None,
+    filters: Sequence[FilterSpec] = (),
+    fork: tuple[str, int] | None = None,
+) -> Prepared:
+    """Load the tokenizer, index the datasets, estimate tokens, build the record pipeline and
+    plan the work (I/O): the one place a :class:`Prepared` is assembled and its fingerprint made.
     ``group`` (a ``torch.distributed`` process group, or ``"world"``): the ranks index the text
-    datasets together, each a slice of the shards (every rank of the group must call it)."""
+    datasets together, each a slice of the shards (every rank of the group must call it).
+    ``filters``: the recipe's ``[[filters]]``; ``fork``: a fork's parent fingerprint and step."""
     t = spec.tokenizer
     try:
         tok = TextTokenizer(t.path, t.add_bos, t.add_eos, t.bos_token, t.eos_token, t.special_tokens_in_text)
@@ -361,29 +390,71 @@ def prepare(spec: RecipeSpec, progress: bool | None = None, group: Any = None) -
         said = bad_samples_message(s, estimates[s.name])
         if said is not None:
             warnings.warn(said, BadSamplesWarning, stacklevel=2)
-    on_error = [s.on_error for s in spec.datasets]
-    if spec.multimodal:
-        kinds = [s.kind for s in spec.datasets]
-        fetch: Any = FetchVision(
-            indexes, kinds, tok, spec.vision.config, special, on_error=on_error, row_len=spec.seq_len + 1
-        )
-    else:
-        align = 1 if spec.pack.algorithm == "greedy" else spec.seq_len + 1
-        # a recipe without image-text datasets has text indexes only
-        fetch = FetchTokenize(
-            cast("Sequence[DatasetIndex]", indexes), tok, on_error, align=align, split=spec.mixing.split_mode
-        )
-        if chat:
-            fetch = chat_fetch(spec, indexes, fetch)
+    pipe = record_pipeline(spec, indexes, tok, special, chat, filters)
+    if filters:
+        estimates = prepare_filters(pipe, spec, tok, estimates)
+    fingerprint = filters_fingerprint(fingerprint_of(spec, indexes, tok, chat), filters)
+    if fork is not None:  # the parent's fingerprint and the step define the fork
+        fingerprint = hashlib.sha256(f"{fingerprint}\0{fork[0]}\0{fork[1]}".encode()).hexdigest()[:32]
     return Prepared(
         spec=spec,
         indexes=indexes,
         tokenizer=tok,
         estimates=estimates,
         plan=work_plan(spec, indexes, estimates),
-        fetch=fetch,
-        fingerprint=fingerprint_of(spec, indexes, tok),
+        pipeline=pipe,
+        fingerprint=fingerprint,
         special=special,
+        definition=filters_definition(filters),
+    )
+
+
+def _count_tokens(tok: TextTokenizer, text: str) -> int:
+    """Content tokens of ``text`` (no BOS/EOS): what a length rule in ``unit = "tokens"`` counts."""
+    return len(tok.encode_content([text])[0])
+
+
+def record_pipeline(
+    spec: RecipeSpec,
+    indexes: Sequence[ShardIndex],
+    tok: TextTokenizer,
+    special: Mapping[str, int],
+    chat: Mapping[int, ChatRenderer],
+    filters: Sequence[FilterSpec] = (),
+) -> RecordPipeline:
+    """The recipe's per-record work, built once: its ``[[filters]]`` as rules, and each dataset's
+    encoder (text and pretokenized: :class:`FetchTokenize`; chat: :class:`FetchChat`; image-text:
+    :class:`FetchVision`, the text datasets of an image-text recipe through :class:`MMText`) and
+    the view its rules see it through."""
+    on_error = [s.on_error for s in spec.datasets]
+    rules = filter_rules(filters, spec)
+    kinds = [s.kind for s in spec.datasets]
+    encoders: list[Any]
+    views: list[Any]
+    if spec.multimodal:
+        vision = FetchVision(
+            indexes, kinds, tok, spec.vision.config, dict(special), on_error=on_error, row_len=spec.seq_len + 1
+        )
+        # a recipe's text indexes are DatasetIndex (image-text ones have their own reader)
+        text = MMText(FetchTokenize(cast("Sequence[DatasetIndex]", indexes), tok, on_error, align=spec.seq_len + 1))
+        encoders = [text if k == "text" else vision for k in kinds]
+        views = [None if k == "text" else caption for k in kinds]
+    else:
+        align = 1 if spec.pack.algorithm == "greedy" else spec.seq_len + 1
+        rewritten = [d for d in range(len(kinds)) if any(r.kind == "transform" and r.applies(d) for r in rules)]
+        plain = FetchTokenize(
+            cast("Sequence[DatasetIndex]", indexes),
+            tok,
+            on_error,
+            align=align,
+            split=spec.mixing.split_mode,
+            rewritten=rewritten,
+        )
+        talk = chat_encoder(spec, indexes, chat) if chat else None
+        encoders = [talk if d in chat else plain for d in range(len(kinds))]
+        views = [talk.view(d) if talk is not None and d in chat else None for d in range(len(kinds))]
+    return RecordPipeline(
+        indexes, encoders, rules, views=views, count_tokens=partial(_count_tokens, tok), on_error=on_error
     )
 
 
@@ -395,13 +466,16 @@ def with_tokenizer(definition: dict[str, Any], tok: TextTokenizer) -> dict[str, 
     return definition | {"tokenizer": {**definition["tokenizer"], "identity": tok.identity}}
 
 
-def fingerprint_of(spec: RecipeSpec, indexes: Sequence[ShardIndex], tok: TextTokenizer) -> str:
+def fingerprint_of(
+    spec: RecipeSpec, indexes: Sequence[ShardIndex], tok: TextTokenizer, chat: Mapping[int, ChatRenderer] | None = None
+) -> str:
     """The recipe fingerprint every checkpoint carries: its data definition, its files (through
-    the indexes' fingerprints) and its tokenizer."""
+    the indexes' fingerprints) and its tokenizer (and its chat templates: ``chat``, the
+    renderers when built already)."""
     h = hashlib.sha256()
     h.update(json.dumps(with_tokenizer(spec.data_definition(), tok), sort_keys=True, default=str).encode())
     for ix in indexes:
         h.update(ix.fingerprint.encode())
     h.update(tok.fingerprint.encode())
-    h.update(templates_digest(spec).encode())  # chat templates ("" without chat datasets)
+    h.update(templates_digest(spec, chat).encode())  # chat templates ("" without chat datasets)
     return h.hexdigest()[:32]

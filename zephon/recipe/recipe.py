@@ -12,8 +12,6 @@ recipe's fingerprint.
 from __future__ import annotations
 
 import copy
-import dataclasses
-import hashlib
 import html
 import os
 import stat
@@ -33,7 +31,7 @@ from zephon.nodes import VisionConfig, WeightSchedule
 from .budget import MemoryBudget, memory_budget, size
 from .build import RecipeLanes, build_lane, prefetch_depth
 from .estimate import TokenEstimate
-from .filters import FilterSpec, parse_filters, with_filters
+from .filters import FilterSpec, parse_filters
 from .fork import ForkLanes, ForkSpec, check_fork, fork_checkpoint, parse_fork
 from .parse import parse_recipe
 from .phases import describe_phases
@@ -266,11 +264,8 @@ class Recipe:
         must call it, first (later calls, and the properties that prepare, reuse the result)."""
         with self._lock:
             if self._prepared is None:
-                p = with_filters(prepare(self.spec, progress, group), self.filters)
-                if self.fork is not None:  # the parent's fingerprint and the step define the fork
-                    tail = f"{p.fingerprint}\0{self.parent.fingerprint}\0{self.fork.step}"
-                    p = dataclasses.replace(p, fingerprint=hashlib.sha256(tail.encode()).hexdigest()[:32])
-                self._prepared = p
+                fork = None if self.fork is None else (self.parent.fingerprint, self.fork.step)
+                self._prepared = prepare(self.spec, progress, group, self.filters, fork)
             return self._prepared
 
     @property

@@ -3,7 +3,7 @@
 Why: the first run of a corpus pays the tokenizer; a warm job run once (on idle CPUs, or spread
 over a Ray cluster by ``zephon warm --ray``) makes every later run, ablation and concurrent job
 read ids instead. What is written is exactly what the loader would write: the recipe's own
-tokenize function (:attr:`Prepared.fetch`, its filters included) is called on the items the
+record pipeline (:attr:`Prepared.pipeline`, its filters included) is called on the items the
 loader plans (every record of a text dataset, each long one as the parts the plan cuts it into),
 so the loader's keys are the warm job's keys.
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon.data.datasets.tokencache import TokenCache, shard_identity, token_cache
+from zephon.nodes import Carried, FetchTokenize, RecordPipeline
 from zephon.nodes.tokencached import cache_places
 from zephon.nodes.worksource import LaneWorkSource, WorkItem, WorkPlan
 
@@ -51,9 +52,13 @@ class WarmUnit:
 
 def check_warmable(p: Prepared) -> TokenCache:
     """The token cache a recipe's warm job writes to; refuses a recipe or setting it cannot warm."""
-    if p.spec.multimodal or not hasattr(p.fetch, "tokenize"):
-        raise RecipeError("zephon warm: only text recipes have a token cache (this recipe's documents are image-text)")
-    cache = token_cache(p.fetch.token_cache)
+    enc = p.text_encoder
+    if p.spec.multimodal or enc is None:
+        raise RecipeError(
+            "zephon warm: only the text datasets of text recipes have a token cache (this recipe has none: its "
+            "documents are image-text or conversations)"
+        )
+    cache = token_cache(enc.token_cache)
     if cache is None:
         raise RecipeError(
             "zephon warm: no token cache is set; set ZEPHON_TOKEN_CACHE to a local folder shared by the "
@@ -80,14 +85,18 @@ def warm_units(p: Prepared) -> list[WarmUnit]:
     nothing to cache), largest first (the tail of a spread job is short)."""
     units = []
     for d, ix in enumerate(p.indexes):
+        if not isinstance(p.pipeline.encoders[d], FetchTokenize):
+            continue  # conversations and image-text samples are not kept in the token cache
         for s, meta in enumerate(ix.shards):
             if meta.num_records and shard_identity(ix, s) is not None:
                 units.append(WarmUnit(d, s, meta.num_records))
     return sorted(units, key=lambda u: (-u.items, u.dataset, u.shard))
 
 
-def _missing(fetch: Any, cache: TokenCache, items: list[WorkItem]) -> list[WorkItem]:
-    places = cache_places(fetch, cache, items)
+def _missing(pipe: RecordPipeline, cache: TokenCache, items: list[WorkItem]) -> list[WorkItem]:
+    if not items:
+        return []
+    places = cache_places(pipe.encoders[items[0].dataset], cache, items)
     groups: dict[Any, list[int]] = {}
     for j, pl in enumerate(places):
         if pl is not None:
@@ -103,32 +112,35 @@ def _key(it: WorkItem) -> tuple[int, int, int]:
     return (it.record, it.part, it.parts) if it.parts > 1 else (it.record, 0, 1)
 
 
-def warm_shard(fetch: Any, plan_items: list[WorkItem]) -> dict[str, int]:
-    """Tokenize the items of one shard that the cache lacks (through ``fetch``, so the entries
+def warm_shard(pipe: RecordPipeline, plan_items: list[WorkItem]) -> dict[str, int]:
+    """Tokenize the items of one shard that the cache lacks (through ``pipe``, so the entries
     are the loader's), wait until they are written and publish them to the cache's remote tier
     if it has one (entries another node published are merged in, not tokenized). Returns counts:
     items, tokenized, tokens. A bad record is left out (the run that reads it raises or skips it,
     as its policy says)."""
-    cache = token_cache(fetch.token_cache)
+    if not plan_items:
+        return {"items": 0, "tokenized": 0, "tokens": 0}
+    enc: Any = pipe.encoders[plan_items[0].dataset]  # a FetchTokenize (warm_units picks its datasets)
+    cache = token_cache(enc.token_cache)
     if cache is None:
         raise RecipeError("zephon warm: this process has no token cache (set ZEPHON_TOKEN_CACHE where it runs)")
-    todo = _missing(fetch, cache, plan_items)
+    todo = _missing(pipe, cache, plan_items)
     tokens = 0
     for i in range(0, len(todo), WARM_CHUNK):
         chunk = todo[i : i + WARM_CHUNK]
         try:
-            docs = fetch(chunk)
+            docs = pipe(chunk)
         except Exception:  # a bad record under on_error = "raise": warm the others one by one
             docs = []
             for it in chunk:
                 try:
-                    docs += fetch([it])
+                    docs += pipe([it])
                 except Exception:
                     continue
-        tokens += sum(int(d.tokens.size) for d in docs)
+        tokens += sum(int((d.doc if isinstance(d, Carried) else d).tokens.size) for d in docs)
     cache.flush(600.0)
     if todo:
-        cache.publish(sorted({pl[0] for pl in cache_places(fetch, cache, todo) if pl is not None}))
+        cache.publish(sorted({pl[0] for pl in cache_places(enc, cache, todo) if pl is not None}))
     return {"items": len(plan_items), "tokenized": len(todo), "tokens": tokens}
 
 
@@ -147,7 +159,7 @@ def warm_local(
         progress(0, len(units), total)
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="zephon-warm") as pool:
         for done, got in enumerate(
-            pool.map(lambda u: warm_shard(p.fetch, shard_items(p.plan, u.dataset, u.shard)), units), 1
+            pool.map(lambda u: warm_shard(p.pipeline, shard_items(p.plan, u.dataset, u.shard)), units), 1
         ):
             for k, v in got.items():
                 total[k] += v
@@ -176,4 +188,9 @@ def warm_share(recipe: Recipe, steps: int, lanes: Iterator[int] | None = None) -
             plan = p.plan.datasets[it.dataset]
             w = int(plan.record_weight(it.shard)[it.record])
             got += plan.part_weight(w, it.part, it.parts) * plan.tokens_per_byte + plan.tokens_per_record
-    return len(items) - len(_missing(p.fetch, cache, items)), len(items)
+    by_dataset: dict[int, list[WorkItem]] = {}
+    for it in items:
+        if isinstance(p.pipeline.encoders[it.dataset], FetchTokenize):
+            by_dataset.setdefault(it.dataset, []).append(it)
+    missing = sum(len(_missing(p.pipeline, cache, its)) for its in by_dataset.values())
+    return sum(map(len, by_dataset.values())) - missing, len(items)

@@ -66,7 +66,7 @@ def warm_on_ray(recipe: Recipe, *, address: str | None = None, progress: Any = N
     check_warmable(p)
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-    fetch_ref, plan_ref = ray.put(p.fetch), ray.put(p.plan)
+    fetch_ref, plan_ref = ray.put(p.pipeline), ray.put(p.plan)
     task = ray.remote(num_cpus=1)(_ray_task)
     units = warm_units(p)
     pending = [task.remote(fetch_ref, plan_ref, u.dataset, u.shard) for u in units]
