@@ -60,7 +60,11 @@ def _jsonl(path: str, rows: list[dict]) -> None:
 
 
 def _conversation(texts: list[str], i: int) -> list[dict]:
-    return [{"role": "user", "content": texts[i]}, {"role": "assistant", "content": texts[(i * 3 + 1) % len(texts)]}]
+    """A user turn and a short answer (every conversation fits a row of 256 tokens, so none is
+    skipped as too long); a record whose text repeats an earlier one repeats its whole conversation."""
+    i = texts.index(texts[i])
+    answer = texts[(i * 3 + 1) % len(texts)][:200]
+    return [{"role": "user", "content": texts[i]}, {"role": "assistant", "content": answer}]
 
 
 def _images(n: int, seed: int) -> list[bytes]:
