@@ -107,9 +107,9 @@ NO_TEXT = "refused: no text"  # pretokenized ids: a rule on text has nothing to 
 NO_IMAGE = "refused: no image"
 TRANSFORM = "refused: transform"  # a transform rewrites plain text; chat and image-text have structure
 EXPECT: dict[tuple[str, str], str] = {}
-for _name in ("length_chars", "regex", "dedup", "function", "stateful", "transform"):
-    EXPECT["pretok", _name] = NO_TEXT
-EXPECT["pretok", "field"] = "refused: no named fields"  # token files carry no metadata columns
+for _name in ("length_chars", "regex", "function", "stateful", "transform"):
+    EXPECT["pretok", _name] = NO_TEXT  # dedup and length in tokens judge the stored ids
+EXPECT["pretok", "field"] = "refused: no metadata fields"  # token files carry no metadata columns
 for _kind in ("text", "chat", "pretok", "mix"):
     EXPECT[_kind, "image_size"] = NO_IMAGE
 for _kind in ("chat", "mix", "image_text", "interleaved"):

@@ -39,12 +39,15 @@ ESTIMATE_BYTES = 64 << 10
 class TokenEstimate:
     """Measured tokens per record byte (content) and fixed tokens per record (BOS/EOS), from
     ``sampled`` good records; ``bad`` counts the sampled records that were bad, by reason class,
-    with an example reason each (not part of the estimate: a checkpoint stores the first three)."""
+    with an example reason each (not part of the estimate: a checkpoint stores the first three).
+    ``kept``: the share of an image-text dataset's sampled samples its ``[[filters]]`` keep (its
+    image tokens, counted exactly from the index, are planned at that share; 1.0 otherwise)."""
 
     tokens_per_byte: float
     tokens_per_record: float
     sampled: int
     bad: Mapping[str, tuple[int, str]] = field(default_factory=dict, compare=False)
+    kept: float = 1.0
 
 
 def estimation_sample(index: ShardIndex, *, seed: int, samples: int, ds_number: int) -> Iterator[tuple[int, list[int]]]:

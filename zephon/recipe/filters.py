@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 import regex
 
-from zephon.data.datasets import TOKEN_FORMATS, BadRecord
+from zephon.data.datasets import FIELD_FORMATS, TOKEN_FORMATS, BadRecord
 from zephon.data.tokenizer import TextTokenizer
 from zephon.engine import IndexPermutation
 from zephon.engine.seeding import stable_u64
@@ -315,8 +315,15 @@ def _check_applies(rule: RuleStage, ds: DatasetSpec) -> None:
     fix = "restrict the filter with datasets = [...]"
     if ds.format in TOKEN_FORMATS and rule.needs_text:
         raise RecipeError(
-            f'{where}: it is pretokenized (stored token ids, no text); only length rules in unit = "tokens", '
-            f"dedup and stateful-free id rules apply to it; {fix}"
+            f'{where}: it is pretokenized (stored token ids, no text); only length rules in unit = "tokens" and '
+            f"dedup apply to it; {fix}"
+        )
+    if rule.kind == "field" and (
+        ds.format in TOKEN_FORMATS or ds.kind not in ("text", CHAT_KIND) and ds.format == "wds"
+    ):
+        raise RecipeError(
+            f"{where}: its records ({ds.kind}, format {ds.format!r}) have no metadata fields a rule can read "
+            f"(field rules read {', '.join(FIELD_FORMATS)} datasets, and image-text Parquet); {fix}"
         )
     if rule.kind == "transform" and ds.kind != "text":
         raise RecipeError(
@@ -453,7 +460,13 @@ def filtered_estimate(
     if pipe.views[d] is not None or any(isinstance(k.value, np.ndarray) for k in kept):
         kept_bytes = sum(int(ix.record_bytes(k.shard)[k.record]) for k in kept)
         scale = kept_bytes / nbytes if nbytes else 1.0
-        return TokenEstimate(max(base.tokens_per_byte * scale, 1e-9), base.tokens_per_record * share, len(kept))
+        images = getattr(ix, "kind", "text") != "text"  # image-text: its image tokens come from the index
+        return TokenEstimate(
+            max(base.tokens_per_byte * scale, 1e-9),
+            base.tokens_per_record * share,
+            len(kept),
+            kept=max(share, 1e-9) if images else 1.0,
+        )
     per_record = int(tok.add_bos) + int(tok.add_eos)
     texts = [str(k.sees()) for k in kept]
     heads = [t[:ESTIMATE_CHARS] for t in texts]

@@ -98,6 +98,8 @@ def _image_text_tokens(index: ImageTextShardIndex, est: TokenEstimate, vision: V
     per_image = np.array([vision.image_tokens(int(w), int(h)) + 2 for w, h in zip(ws, hs)], np.float64)
     owner = np.repeat(np.arange(len(n_img)), n_img)
     img = np.bincount(owner, weights=per_image, minlength=len(n_img)) if per_image.size else np.zeros(len(n_img))
+    if est.kept != 1.0:  # [[filters]] drop samples: their images deliver no tokens either
+        img = img * est.kept
     return np.maximum(1, np.rint(text + img)).astype(np.int64)
 
 
@@ -243,7 +245,8 @@ class Prepared:
         tokenizer fingerprints (see :meth:`adopt`)."""
         return {
             "token_estimates": {
-                k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(self.estimates.items())
+                k: [v.tokens_per_byte, v.tokens_per_record, v.sampled, *([v.kept] if v.kept != 1.0 else [])]
+                for k, v in sorted(self.estimates.items())
             },
             "data": {s.name: ix.fingerprint[:16] for s, ix in zip(self.spec.datasets, self.indexes)},
             "tokenizer": self.tokenizer.fingerprint[:16],
@@ -306,18 +309,20 @@ def _estimate_from_state(name: str, v: Any) -> TokenEstimate:
 
     ok = (
         isinstance(v, list)
-        and len(v) == 3
+        and len(v) in (3, 4)
         and number(v[0], 0.0, 1e6, True)
         and number(v[1], 0.0, 1e6, False)
         and type(v[2]) is int
         and 0 <= v[2] <= 2**53
+        and (len(v) == 3 or number(v[3], 0.0, 1.0, True))
     )
     if not ok:
         raise StateError(
             f"checkpoint token estimate of dataset {name!r} must be [tokens_per_byte > 0, tokens_per_record >= 0, "
-            f"sampled records >= 0], got {v!r}; the checkpoint is corrupt or edited"
+            f"sampled records >= 0] (and the share its filters keep, in (0, 1]), got {v!r}; the checkpoint is "
+            "corrupt or edited"
         )
-    return TokenEstimate(float(v[0]), float(v[1]), int(v[2]))
+    return TokenEstimate(float(v[0]), float(v[1]), int(v[2]), kept=float(v[3]) if len(v) == 4 else 1.0)
 
 
 def index_kwargs(ds: DatasetSpec) -> dict[str, Any]:

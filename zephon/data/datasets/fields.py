@@ -3,7 +3,8 @@
 Readers return only the text, so the fields a filter needs are read by a second, separate call,
 made only for the datasets such a filter applies to (every other dataset reads exactly as
 before). JSON Lines: the same line parsed again for the named keys; Parquet: the named columns
-of the row group (cached like the text column); Arrow: the named columns of the shard. A field
+of the row group (cached like the text column), in text and image-text Parquet files alike;
+Arrow: the named columns of the shard. A field
 absent from a record (or a column absent from a file) is absent from its dict; a JSON ``null``
 is ``None``.
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from .errors import DataError
 from .index import DatasetIndex
+from .multimodal import MultimodalIndex
 
 __all__ = ["FIELD_FORMATS", "read_fields"]
 
@@ -36,6 +38,9 @@ FIELD_FORMATS = ("jsonl", "parquet", "arrow")
 def read_fields(ix: Any, shard: int, indices: Sequence[int], names: Sequence[str]) -> list[dict[str, Any]]:
     """Per record ``indices`` of ``shard`` (in the order given), the values of the fields
     ``names`` it has. A record whose line is not a JSON object has none (its text read says why)."""
+    if isinstance(ix, MultimodalIndex) and ix.format == "parquet":
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return _mm_parquet(ix, shard, idx, tuple(names)) if idx.size else []
     if not isinstance(ix, DatasetIndex) or ix.format not in FIELD_FORMATS:
         fmt = getattr(ix, "format", type(ix).__name__)
         raise DataError(
@@ -97,6 +102,29 @@ def _parquet_group(ix: DatasetIndex, s: int, rg: int, names: tuple[str, ...]) ->
             return pf.read_row_group(rg, columns=have)
 
     return ix._retrying(s, "reading", read)
+
+
+def _mm_parquet(ix: MultimodalIndex, s: int, idx: np.ndarray, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The named columns of an image-text Parquet shard's rows ``idx`` (row group by row group)."""
+    import pyarrow.parquet as pq
+
+    groups = ix._shard(s)["groups"]
+    rg_of = np.searchsorted(groups, idx, side="right") - 1
+    out: list[dict[str, Any]] = [{} for _ in range(idx.size)]
+    sp = ix._specs[s]
+    for rg in np.unique(rg_of).tolist():
+
+        def read(rg: int = rg) -> Any:
+            with sp.fs.open(sp.fspath, "rb") as f:
+                pf = pq.ParquetFile(f)
+                have = [n for n in names if pf.schema_arrow.get_field_index(n) >= 0]
+                return pf.read_row_group(rg, columns=have)
+
+        table = ix._caches["groups"].get(("fields", s, rg, names), lambda: ix._retrying(s, "reading", read))
+        ks = np.flatnonzero(rg_of == rg)
+        for k, row in zip(ks.tolist(), _rows(table, idx[ks] - groups[rg], names)):
+            out[k] = row
+    return out
 
 
 def _arrow(ix: DatasetIndex, s: int, idx: np.ndarray, names: tuple[str, ...]) -> list[dict[str, Any]]:
