@@ -34,12 +34,12 @@ from zephon.data.datasets import BadRecord, read_fields
 from zephon.engine import ProcessLocal
 
 from ..tokenize import TokDoc
-from ..userfn import FilterError
+from ..userfn import FilterError, call_user
 from ..worksource import WorkItem
 from .field import FieldError
 from .rule import FilterVerdict, Record, RuleStage
 
-__all__ = ["Carried", "FilteredDoc", "RecordPipeline", "UnviewableError"]
+__all__ = ["Carried", "FilteredDoc", "RecordPipeline", "UnviewableError", "call_rule"]
 
 Key = tuple[int, int, int]  # (dataset, shard, record)
 
@@ -60,6 +60,27 @@ class Carried(NamedTuple):
 class UnviewableError(Exception):
     """A record that cannot be seen as a text (a conversation that does not parse or render):
     the rules leave it to its encoder, which reports it under the dataset's ``on_error``."""
+
+
+def call_rule(rule: RuleStage, rec: Record, count_tokens: Callable[[str], int] = len) -> FilterVerdict | None:
+    """``rule(rec, count_tokens)``; a user's stage (``kind = "stage"``) is called as user code is
+    (bounded in time where a bound applies), its exceptions and answers checked, errors naming it
+    and (through ``{record}``) the record."""
+    if rule.kind != "stage":
+        return rule(rec, count_tokens)
+    where = f"stage {rule.name!r} ({rule.function!r})"
+    try:
+        got = call_user(where, rule, rec, count_tokens)
+    except (FilterError, UnviewableError):
+        raise
+    except Exception as e:
+        raise FilterError(f"{where} raised {type(e).__name__}: {e} on {{record}}; fix the stage (or drop it)") from e
+    if got is not None and not isinstance(got, FilterVerdict):
+        raise FilterError(
+            f"{where} returned a {type(got).__name__} on {{record}}: a stage returns None to keep the record or "
+            "FilterVerdict(name) to drop it"
+        )
+    return got
 
 
 def _key(it: WorkItem) -> Key:
@@ -124,7 +145,7 @@ class RecordPipeline(ProcessLocal):
             if rule.on_lane or not rule.applies(rec.dataset):
                 continue
             try:
-                got = rule(rec, self.count_tokens)
+                got = call_rule(rule, rec, self.count_tokens)
             except UnviewableError:
                 return None
             if got is not None:

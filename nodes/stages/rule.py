@@ -27,9 +27,9 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from ..userfn import FilterError
+from ..userfn import FilterError, resolve_function
 
-__all__ = ["SEES", "FilterRule", "FilterVerdict", "Record", "RuleStage", "rule_class"]
+__all__ = ["SEES", "FilterRule", "FilterVerdict", "Record", "RuleStage", "rule_class", "user_stage"]
 
 #: what a text rule of a chat dataset sees: the rendered conversation, or the record's JSON
 SEES = ("rendered", "raw")
@@ -151,9 +151,25 @@ def rule_class(*kinds: str) -> Callable[[type[RuleStage]], type[RuleStage]]:
     return register
 
 
+def user_stage(path: str) -> type[RuleStage]:
+    """The user's own rule class named ``"package.module:Class"`` (a ``kind = "stage"`` entry):
+    a :class:`RuleStage` subclass, imported by path (by every worker)."""
+    cls = resolve_function(path)
+    if not (isinstance(cls, type) and issubclass(cls, RuleStage)):
+        raise FilterError(
+            f"the stage {path!r} is not a subclass of zephon.nodes.stages.RuleStage; a stage is a class with "
+            "__call__(record, count_tokens) -> None (keep) or FilterVerdict (drop)"
+        )
+    return cls
+
+
 def FilterRule(name: str, kind: str, *args: Any, **kw: Any) -> RuleStage:  # noqa: N802 (a class-like factory)
-    """The rule of kind ``kind`` (a :class:`RuleStage` subclass registered for it), with the
-    :class:`RuleStage` fields; an unknown kind is refused."""
+    """The rule of kind ``kind`` (a :class:`RuleStage` subclass registered for it; for ``kind =
+    "stage"``, the user's class named by ``function``), with the :class:`RuleStage` fields; an
+    unknown kind is refused."""
+    if kind == "stage":
+        function = args[2] if len(args) > 2 else kw.get("function")
+        return user_stage(str(function))(name, kind, *args, **kw)
     cls = _KINDS.get(kind)
     if cls is None:
         raise ValueError(f"unknown filter kind {kind!r}; one of {', '.join(sorted(_KINDS))}")

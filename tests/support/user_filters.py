@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+from zephon.nodes.stages import FilterVerdict, Record, RuleStage
+
 _calls = itertools.count()
 
 
@@ -106,3 +108,21 @@ class Counts(AtMostPerSource):
     def __call__(self, text: str) -> bool:
         super().__call__(text)
         return len(self.seen)  # type: ignore[return-value]
+
+
+class ShortFirstLine(RuleStage):
+    """A user's own stage (``kind = "stage"``): drop a record whose first line is shorter than
+    ``params["min"]`` characters, reading what the rule sees and the record's dataset."""
+
+    def __call__(self, rec: Record, count_tokens=len) -> FilterVerdict | None:
+        text = self.text_of(rec)
+        return self.drop(len(text.split("\n", 1)[0]) >= self.params.get("min", 0))
+
+
+class BrokenStage(RuleStage):
+    """A user's stage that fails: raises on records with an "e", returns a str on others."""
+
+    def __call__(self, rec: Record, count_tokens=len):
+        if "e" in self.text_of(rec)[:20]:
+            raise KeyError("no e allowed")
+        return "keep"

@@ -81,7 +81,7 @@ from zephon.nodes import (
     duplicate_records,
     resolve_function,
 )
-from zephon.nodes.stages import Record, RuleStage, UnviewableError
+from zephon.nodes.stages import Record, RuleStage, UnviewableError, call_rule
 
 from .estimate import TokenEstimate
 from .explain import filters_summary
@@ -319,7 +319,7 @@ def _check_applies(rule: RuleStage, ds: DatasetSpec) -> None:
             f"dedup apply to it; {fix}"
         )
     if rule.kind == "field" and (
-        ds.format in TOKEN_FORMATS or ds.kind not in ("text", CHAT_KIND) and ds.format == "wds"
+        ds.format in TOKEN_FORMATS or (ds.kind not in ("text", CHAT_KIND) and ds.format == "wds")
     ):
         raise RecipeError(
             f"{where}: its records ({ds.kind}, format {ds.format!r}) have no metadata fields a rule can read "
@@ -359,14 +359,16 @@ def _check_determinism(pipe: RecordPipeline, d: int, pairs: Sequence[tuple[int, 
     """Call each user rule twice on the first sampled records; refuse a differing answer."""
     head = pairs[:DETERMINISM_SAMPLES]
     for rule in pipe.rules:
-        if rule.kind not in ("function", "transform") or not rule.applies(d):
+        if rule.kind not in ("function", "transform", "stage") or not rule.applies(d):
             continue
         for (s, r), rec in zip(head, _decided(pipe, d, head, upto=0)):
             if not isinstance(rec, Record):
                 continue
             rec_name = pipe.record_name(d, s, r)
             try:
-                first, again = (_answer(rule, Record(d, s, r, rec.value, rec.fields, pipe.views[d])) for _ in range(2))
+                first, again = (
+                    _answer(pipe, rule, Record(d, s, r, rec.value, rec.fields, pipe.views[d])) for _ in range(2)
+                )
             except FilterError as e:
                 raise RecipeError(f"recipe: {str(e).replace('{record}', rec_name)}") from e.__cause__
             if first != again:
@@ -377,10 +379,10 @@ def _check_determinism(pipe: RecordPipeline, d: int, pairs: Sequence[tuple[int, 
                 )
 
 
-def _answer(rule: RuleStage, rec: Record) -> Any:
+def _answer(pipe: RecordPipeline, rule: RuleStage, rec: Record) -> Any:
     """A rule's answer on ``rec``: its verdict, or the text it leaves (a transform's new text)."""
     try:
-        got = rule(rec)
+        got = call_rule(rule, rec, pipe.count_tokens)
     except UnviewableError:
         return None
     return got if got is not None else rec.text
