@@ -445,7 +445,7 @@ def test_each_bad_kind_has_a_reason(bad_root, key, reason):
 
             item = WorkItem(0, s, keys.index(f"bad-{key}"), 0, 0)
             with pytest.raises(DataError, match=reason) as ei:
-                p.fetch([item])
+                p.pipeline([item])
             assert f"key 'bad-{key}'" in str(ei.value)
             return
     raise AssertionError(f"bad-{key} not found")
