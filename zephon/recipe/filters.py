@@ -83,6 +83,7 @@ from zephon.nodes import (
     resolve_function,
 )
 
+from .estimate import planned_bytes
 from .explain import filters_summary
 from .prepare import Prepared, TokenEstimate, work_plan
 from .spec import RecipeError, RecipeSpec
@@ -383,15 +384,21 @@ def _run_stateful(
     return ref
 
 
-def filtered_estimate(fetch: FilteredTokenize, d: int, pairs: Sequence[tuple[int, int]]) -> TokenEstimate:
+def filtered_estimate(
+    fetch: FilteredTokenize, d: int, pairs: Sequence[tuple[int, int]], bad_weigh: bool = False
+) -> TokenEstimate:
     """Tokens per byte of dataset ``d`` after the chain (its stateful rules run over the sample
     in file order, by one instance each): content tokens of the kept (transformed) texts over the
-    bytes of every good sampled record, BOS/EOS scaled by the share kept. Checks each stateful
-    rule (:func:`_run_stateful`) on the way."""
+    bytes of every good sampled record, BOS/EOS scaled by the share kept; with ``bad_weigh``
+    (data version 5) over the planned bytes of the bad ones too, which a skip delivers nothing
+    of. Checks each stateful rule (:func:`_run_stateful`) on the way."""
     ix, tok = fetch.datasets[d], fetch.tokenizer
-    nbytes, kept, good, where = 0, [], 0, []
+    nbytes, kept, good, bad, where = 0, [], 0, 0, []
     for (s, r), text in zip(pairs, _decided(fetch, d, pairs)):
         if isinstance(text, BadRecord):
+            if bad_weigh:
+                bad += 1
+                nbytes += planned_bytes(ix, int(ix.record_bytes(s)[r]))
             continue
         good += 1
         nbytes += int(ix.record_bytes(s)[r])
@@ -411,7 +418,7 @@ def filtered_estimate(fetch: FilteredTokenize, d: int, pairs: Sequence[tuple[int
     per_record = int(tok.add_bos) + int(tok.add_eos)
     heads = [t[:ESTIMATE_CHARS] for t in kept]
     tokens = sum(len(ids) * len(t) / max(1, len(h)) for ids, t, h in zip(tok.encode_content(heads), kept, heads))
-    share = len(kept) / good if good else 1.0
+    share = len(kept) / (good + bad) if good else 1.0
     return TokenEstimate(max(tokens, 1.0) / max(nbytes, 1), per_record * share, len(kept))
 
 
@@ -447,7 +454,7 @@ def with_filters(p: Prepared, filters: Sequence[FilterSpec]) -> Prepared:
                     rule.duplicates = {**rule.duplicates, d: _dedup(fetch, at, d)}
             pairs = _sample(ix, spec.seed, d, spec.mixing.estimate_samples)
             _check_determinism(chain, d, ix, pairs)
-            estimates[ds.name] = filtered_estimate(fetch, d, pairs)
+            estimates[ds.name] = filtered_estimate(fetch, d, pairs, bad_weigh=spec.data_version >= 5)
     h = hashlib.sha256(p.fingerprint.encode())
     h.update(json.dumps([x.definition() for x in filters], sort_keys=True).encode())
     return dataclasses.replace(

@@ -337,7 +337,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         world = args.world_size or 1
         print(recipe.memory_budget().describe(recipe.lanes // world, recipe.prefetch_depth(world)))
         for s, est in zip(recipe.datasets, recipe.estimates.values()):
-            said = bad_samples_message(s, est)
+            said = bad_samples_message(s, est, weighed=recipe.spec.data_version >= 5)
             if said is not None:
                 print(f"warning: {said}")
         said = warm_line(recipe, args.warm_steps)  # before the measuring run below warms the cache
