@@ -109,3 +109,12 @@ def test_chat_dataset_with_bad_conversations_realizes_its_weight(tmp_path):
             with r.replace(data_version=v).global_loader(1, workers=WorkerConfig(0)) as g:
                 got[v] = realized_shares([next(g) for _ in range(30)], 3)[0]
     assert abs(got[5] - 0.5) < 0.05 and got[4] < 0.45, got
+
+
+def test_with_filters_the_estimate_weighs_bad_bytes_too(recipe):
+    """The estimate after ``[[filters]]`` (a length rule on the half-bad dataset) counts its bad
+    records the same way from version 5."""
+    rule = {"name": "long", "kind": "length", "datasets": ["half_bad"], "unit": "chars", "min": 300}
+    filtered = Recipe.from_dict(recipe.raw | {"filters": [rule]}, recipe.base_dir)
+    got = shares(filtered, 5)
+    assert abs(got[1] - 0.5) < 0.05, f"version 5 with a filter: the half-bad dataset realized {got[1]:.3f}"
