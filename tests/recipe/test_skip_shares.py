@@ -118,3 +118,31 @@ def test_with_filters_the_estimate_weighs_bad_bytes_too(recipe):
     filtered = Recipe.from_dict(recipe.raw | {"filters": [rule]}, recipe.base_dir)
     got = shares(filtered, 5)
     assert abs(got[1] - 0.5) < 0.05, f"version 5 with a filter: the half-bad dataset realized {got[1]:.3f}"
+
+
+def test_a_record_over_max_record_bytes_weighs_one_byte_as_planned(tmp_path):
+    """A record above ``max_record_bytes`` is planned as 1 byte (it reads back bad, unread): the
+    estimate weighs it so, not by its size."""
+    docs = [d[:400] for d in generate_documents("web", 60, seed=9)]
+    lines = [json.dumps({"text": d}) for d in docs] + [json.dumps({"text": "x" * 5000})] * 20
+    os.makedirs(tmp_path / "web")
+    (tmp_path / "web" / "a.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = {
+        "seed": 5,
+        "lanes": 2,
+        "seq_len": 64,
+        "global_batch_size": 2,
+        "cache_dir": str(tmp_path / "cache"),
+        "tokenizer": {"path": TOKENIZER_DIR},
+        "datasets": [{"name": "web", "path": "web/*.jsonl", "on_error": "skip", "max_record_bytes": 2000}],
+    }
+    r = Recipe.from_dict(cfg, str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BadSamplesWarning)
+        v4 = r.replace(data_version=4).prepare().estimates["web"]
+        p = r.replace(data_version=5).prepare()
+    v5 = p.estimates["web"]
+    sizes = p.indexes[0].record_bytes(0)
+    good = int(sizes[sizes <= 2000].sum())
+    assert v4.sampled == v5.sampled == 60 and sum(n for n, _ in v5.bad.values()) == 20
+    assert v5.tokens_per_byte == pytest.approx(v4.tokens_per_byte * good / (good + 20))
