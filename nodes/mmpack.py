@@ -153,6 +153,9 @@ class MMPack(PackingMetrics, Accumulator):
         self.rows_out = 0
         self.pad_tokens = 0
         self.images_out = 0
+        #: samples cut to fit a row (the text after their last image), by dataset, and the tokens cut
+        self.truncated: dict[int, int] = {}
+        self.truncated_tokens = 0
 
     def _repr_args(self):
         yield f"seq_len={self.seq_len}"
@@ -163,8 +166,15 @@ class MMPack(PackingMetrics, Accumulator):
             yield f"labels={self.labels}"
 
     def extra_metrics(self) -> dict[str, Any]:
-        """The packing counters, and the images emitted."""
-        return {**super().extra_metrics(), "images": self.images_out}
+        """The packing counters, the images emitted, and the samples the mapper cut to fit a row
+        (``truncated``: by dataset number; ``truncated_tokens``: the tokens they lost). Counted
+        as the samples are packed, since this process started or resumed (not in the state)."""
+        return {
+            **super().extra_metrics(),
+            "images": self.images_out,
+            "truncated": dict(self.truncated),
+            "truncated_tokens": self.truncated_tokens,
+        }
 
     # -- accumulator hooks ------------------------------------------------------------------
     def max_since(self) -> int | None:
@@ -194,6 +204,10 @@ class MMPack(PackingMetrics, Accumulator):
         if n == 0:
             return
         k = doc.num_images if hasattr(doc, "num_images") else 0
+        cut = getattr(doc, "truncated", 0)
+        if cut:
+            self.truncated[doc.dataset] = self.truncated.get(doc.dataset, 0) + 1
+            self.truncated_tokens += int(cut)
         if k == 0:
             for start in range(0, n, self.row_len):
                 self._place(doc, start, min(n, start + self.row_len), 0)

@@ -236,8 +236,9 @@ class SkipCounter(ZNode[Any]):
         self._warned[d] = True
         warnings.warn(
             f"dataset {self.names[d]!r}: lane {self.lane} skipped {self.skipped[d]} of its {self.seen[d]} records "
-            f"({share:.0%}; e.g. {self._example[d]!r}); skipped records deliver no tokens, so its "
-            f"realized share of the batches falls below its declared weight by about as much. Fix the data or the "
+            f"({share:.0%}; e.g. {self._example[d]!r}); skipped records deliver no tokens: the plan makes up for "
+            "the share of bad records its token estimate sampled (data version 5), or, under an older data version, "
+            "its realized share of the batches falls below its declared weight by about as much. Fix the data or the "
             "dataset's settings (text_field, format); the skip counts are in the loader's metrics",
             SkipShareWarning,
             stacklevel=2,

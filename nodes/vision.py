@@ -148,6 +148,7 @@ class MMDoc(NamedTuple):
     mrope: np.ndarray | None = None  # int64 (n, 3)
     skipped: str | None = None
     offset: int = 0  # index of tokens[0] in the whole document's tokens (parts of long text documents)
+    truncated: int = 0  # tokens cut from its end to fit a row (text after its last image; counted by MMPack)
 
     @property
     def num_images(self) -> int:
@@ -320,13 +321,14 @@ class FetchVision(ProcessLocal):
                     f"more than seq_len + 1 = {self.row_len}; raise seq_len or lower [vision].max_pixels",
                 )
             tokens = tokens[: self.row_len]  # cut the text after the last image
+        cut = max(0, n - self.row_len)
         if len(patches) == 1:
             pix = patches[0]  # no copy for the common one-image sample
         else:
             pix = np.concatenate(patches) if patches else np.zeros((0, v.patch_dim), np.float32)
         grid = np.stack(grids) if grids else np.zeros((0, 3), np.int64)
         mrope = mrope_positions(tokens, sp["image"], grid, v.merge_size) if v.mrope else None
-        return MMDoc(tokens, it.dataset, it, pix, grid, mrope)
+        return MMDoc(tokens, it.dataset, it, pix, grid, mrope, truncated=cut)
 
     def __repr__(self) -> str:
         return f"FetchVision(datasets={[d.name for d in self.datasets]}, kinds={self.kinds}, vision={self.vision})"

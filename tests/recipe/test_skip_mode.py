@@ -118,7 +118,8 @@ def test_a_long_bad_record_is_one_skip_read_once(tmp_path, monkeypatch):
         mixing={"split_tokens": 132},
     )
     plan = r.prepare().plan
-    assert plan.datasets[0].parts(len(lines[5])) > 50
+    # planned as many parts (fewer from data version 5: its ~60 KB weigh no tokens in the estimate)
+    assert plan.datasets[0].parts(len(lines[5])) > 5
     index = r.prepare().indexes[0]
     reads = []
     real = type(index).read

@@ -306,7 +306,9 @@ def _mm_source(recipe, lane, workers=WorkerConfig(0)):
 
 def test_check_node_mapper_fetch_vision(recipe):
     check_node(
-        lambda: OrderedMapper(LaneWorkSource(recipe.prepare().plan, 0), batch_fn=recipe.prepare().pipeline, chunk_size=4),
+        lambda: OrderedMapper(
+            LaneWorkSource(recipe.prepare().plan, 0), batch_fn=recipe.prepare().pipeline, chunk_size=4
+        ),
         max_steps=24,
         every=3,
         compare_steps=6,

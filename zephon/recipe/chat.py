@@ -22,6 +22,7 @@ from zephon.data.chat import load_chat_template, parse_conversation
 from zephon.data.chatbounds import ChatTimeoutError
 from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, fit_conversation
 
+from .estimate import planned_bytes
 from .spec import CHAT_KIND, COUNT, RecipeError, RecipeSpec
 
 __all__ = [
@@ -95,7 +96,8 @@ def estimate_chat(
     measured, bad ones by reason)`` on the seeded sample ``sampler`` draws (the one text datasets
     are measured on); tokens are all rendered ones or the "loss" ones (``[mixing] count``), as the
     run delivers them under the dataset's ``long`` policy (a dropped conversation weighs its bytes
-    with no tokens, so the plan draws more conversations to make the dataset's share)."""
+    with no tokens, so the plan draws more conversations to make the dataset's share; from data
+    version 5 a bad one does too: skipped under ``on_error = "skip"``, it delivers nothing)."""
     opts = _options(spec)[d]
     sample = sampler(index, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=d)
     tokens = nbytes = records = 0
@@ -115,6 +117,7 @@ def estimate_chat(
             except ConversationError as e:
                 key = str(e).split(":")[0][:60]
                 bad[key] = (bad.get(key, (0, ""))[0] + 1, str(e))
+                nbytes += planned_bytes(index, int(sizes[r])) if spec.data_version >= 5 else 0
                 continue
             got, _ = fit_conversation(enc.ids, enc.turns, opts, spec.seq_len + 1)  # what the run delivers
             if not isinstance(got, str):  # a dropped one delivers nothing

@@ -27,6 +27,7 @@ __all__ = [
     "bad_samples_message",
     "estimate_tokens",
     "estimation_sample",
+    "planned_bytes",
 ]
 
 
@@ -75,8 +76,21 @@ def _head(text: str) -> tuple[str, float]:
     return head, len(head.encode("utf-8")) / len(raw)
 
 
+def planned_bytes(index: ShardIndex, size: int) -> int:
+    """The bytes the plan weighs a record of ``size`` indexed bytes by: its size, or 1 above the
+    index's ``max_record_bytes`` (such a record reads back as bad without being read; see
+    :func:`zephon.recipe.prepare.record_weights`)."""
+    return 1 if size > index.max_record_bytes else size
+
+
 def estimate_tokens(
-    index: ShardIndex, tokenizer: TextTokenizer, *, seed: int, samples: int, ds_number: int
+    index: ShardIndex,
+    tokenizer: TextTokenizer,
+    *,
+    seed: int,
+    samples: int,
+    ds_number: int,
+    bad_weigh: bool = False,
 ) -> TokenEstimate:
     """Tokens per text byte of a dataset, from a seeded sample of its records (text documents,
     or the captions and text entries of image-text samples), tokenized in one call.
@@ -85,10 +99,15 @@ def estimate_tokens(
     UTF-8 size of the text segments for image-text records (their images are counted exactly
     elsewhere, from the indexed image sizes). A text longer than :data:`ESTIMATE_BYTES` is
     measured on its first :data:`ESTIMATE_BYTES` and extrapolated, so one huge record cannot
-    make estimation slow or costly. Bad records are not sampled: they are counted in ``bad``."""
+    make estimation slow or costly. Bad records are counted in ``bad``; with ``bad_weigh`` (data
+    version 5) they also weigh their planned bytes with no tokens, and BOS/EOS are scaled by the
+    share of good records: a bad record skipped under ``on_error = "skip"`` uses the weight the
+    plan gave it and delivers nothing, so the tokens per byte the plan uses are the ones the
+    dataset delivers (before version 5 they were measured on the good records alone, and a
+    dataset with bad records realized less than its weight)."""
     texts: list[str] = []
     shares: list[float] = []
-    nbytes = records = 0
+    nbytes = records = bad_bytes = id_bytes = 0
     bad: dict[str, list[Any]] = {}
     for s, local in estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
         sizes = index.record_bytes(s)
@@ -97,6 +116,7 @@ def estimate_tokens(
                 why = out_of_vocab(rec, tokenizer.vocab_size)
                 if why is None:
                     records += 1
+                    id_bytes += int(sizes[r])
                     continue
                 rec = BadRecord(index.name, "", "", why)
             if isinstance(rec, str):
@@ -105,10 +125,11 @@ def estimate_tokens(
             elif getattr(rec, "segments", None) is not None:
                 segs = [seg for seg in rec.segments if isinstance(seg, str) and seg]
                 nbytes += sum(len(seg.encode("utf-8")) for seg in segs)
-            else:  # a bad record: not sampled, but counted
+            else:  # a bad record: counted, and under bad_weigh its planned bytes weigh no tokens
                 reason = str(getattr(rec, "reason", rec))
                 entry = bad.setdefault(reason_class(reason), [0, reason])
                 entry[0] += 1
+                bad_bytes += planned_bytes(index, int(sizes[r]))
                 continue
             for seg in segs:
                 head, share = _head(seg)
@@ -117,15 +138,20 @@ def estimate_tokens(
             records += 1
     per_record = (1 if tokenizer.add_bos else 0) + (1 if tokenizer.add_eos else 0)
     bad_counts = {k: (int(v[0]), str(v[1])) for k, v in bad.items()}
+    nbad = sum(v[0] for v in bad_counts.values())
+    kept = records / (records + nbad) if bad_weigh and records + nbad else 1.0
     if getattr(index, "pretokenized", False):  # ids as stored, 4 "bytes" a token: exact, nothing added
-        return TokenEstimate(1 / BYTES_PER_TOKEN, 0.0, records, bad_counts)
+        good = id_bytes / (id_bytes + bad_bytes) if bad_weigh and id_bytes else 1.0
+        return TokenEstimate(good / BYTES_PER_TOKEN, 0.0, records, bad_counts)
     if not texts or nbytes == 0:
         return TokenEstimate(1.0, float(per_record), records, bad_counts)
     lengths = [len(ids) for ids in tokenizer.encode_content(texts)]
     content: float = sum(n for n, f in zip(lengths, shares) if f == 1.0)
     if any(f != 1.0 for f in shares):  # the texts measured on their start, extrapolated
         content += sum(n / f for n, f in zip(lengths, shares) if f != 1.0)
-    return TokenEstimate(max(content, 1) / nbytes, float(per_record), records, bad_counts)
+    if bad_weigh:
+        nbytes += bad_bytes
+    return TokenEstimate(max(content, 1) / nbytes, per_record * kept, records, bad_counts)
 
 
 def _bad_summary(est: TokenEstimate) -> str:
@@ -153,20 +179,28 @@ class BadSamplesWarning(UserWarning):
     """Token estimation sampled bad records of a dataset: said before the run starts."""
 
 
-def bad_samples_message(s: DatasetSpec, est: TokenEstimate) -> str | None:
+def bad_samples_message(s: DatasetSpec, est: TokenEstimate, weighed: bool = False) -> str | None:
     """What to say before the run when estimation sampled some bad records of dataset ``s``
     (None when it saw none): counts, the first reasons with an example, and what it does to the
-    mix (skipped records deliver no tokens: the dataset's realized share falls below its weight)."""
+    mix (skipped records deliver no tokens: before data version 5 the dataset's realized share
+    falls below its weight; ``weighed``, from version 5, the estimate plans for them)."""
     bad = sum(n for n, _ in est.bad.values())
     if not bad:
         return None
     seen = bad + est.sampled
-    effect = (
-        f"about {bad / seen:.0%} of its records will be skipped, and its realized share of the "
-        "batches will fall below its declared weight by about as much"
-        if s.on_error == "skip"
-        else 'with on_error = "raise" the run stops at the first one'
-    )
+    if s.on_error != "skip":
+        effect = 'with on_error = "raise" the run stops at the first one'
+    elif weighed:
+        effect = (
+            f"about {bad / seen:.0%} of its records will be skipped; the token estimate counts them (data "
+            "version 5), so the plan draws more of its records and its realized share of the batches stays "
+            "near its declared weight"
+        )
+    else:
+        effect = (
+            f"about {bad / seen:.0%} of its records will be skipped, and its realized share of the batches "
+            "will fall below its declared weight by about as much (data version 5 plans for the skips)"
+        )
     return (
         f"dataset {s.name!r}: {bad} of {seen} records sampled for token estimation are bad ({bad / seen:.1%}), "
         f"{_bad_summary(est)}; {effect}. Check the data and the dataset's settings (text_field = {s.text_field!r}, "

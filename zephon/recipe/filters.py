@@ -83,7 +83,7 @@ from zephon.nodes import (
 )
 from zephon.nodes.stages import Record, RuleStage, UnviewableError, call_rule
 
-from .estimate import TokenEstimate
+from .estimate import TokenEstimate, planned_bytes
 from .explain import filters_summary
 from .spec import CHAT_KIND, DatasetSpec, RecipeError, RecipeSpec
 
@@ -423,16 +423,23 @@ def _run_stateful(
     return ref
 
 
-def _kept(pipe: RecordPipeline, d: int, pairs: Sequence[tuple[int, int]]) -> tuple[list[Record], int, int]:
+def _kept(
+    pipe: RecordPipeline, d: int, pairs: Sequence[tuple[int, int]], bad_weigh: bool
+) -> tuple[list[Record], int, int, int, int]:
     """The sampled records the rules keep (the stateful ones run over the sample in file order,
-    by one instance each, and checked on the way), the good records' bytes and their count."""
+    by one instance each, and checked on the way); the bytes of the good records; the good and
+    bad records; the bytes of all (with ``bad_weigh``, data version 5: the bad records' planned
+    bytes too, which a skip delivers nothing of)."""
     ix = pipe.datasets[d]
-    nbytes, kept, good, where = 0, [], 0, []
+    nbytes, good_bytes, kept, good, bad, where = 0, 0, [], 0, 0, []
     for (s, r), rec in zip(pairs, _decided(pipe, d, pairs)):
         if isinstance(rec, BadRecord):
+            if bad_weigh:
+                bad += 1
+                nbytes += planned_bytes(ix, int(ix.record_bytes(s)[r]))
             continue
         good += 1
-        nbytes += int(ix.record_bytes(s)[r])
+        good_bytes += int(ix.record_bytes(s)[r])
         if isinstance(rec, Record):
             kept.append(rec)
             where.append((s, r))
@@ -446,33 +453,39 @@ def _kept(pipe: RecordPipeline, d: int, pairs: Sequence[tuple[int, int]]) -> tup
             "it could not deliver its share (a lane would read it forever). Loosen the filters for it, restrict "
             "them with datasets = [...], or remove the dataset"
         )
-    return kept, nbytes, good
+    return kept, good_bytes, good, bad, nbytes + good_bytes
 
 
 def filtered_estimate(
-    pipe: RecordPipeline, tok: TextTokenizer, d: int, pairs: Sequence[tuple[int, int]], base: TokenEstimate
+    pipe: RecordPipeline,
+    tok: TextTokenizer,
+    d: int,
+    pairs: Sequence[tuple[int, int]],
+    base: TokenEstimate,
+    bad_weigh: bool = False,
 ) -> TokenEstimate:
     """Tokens per byte of dataset ``d`` after the rules, over the bytes of every good sampled
-    record. A text dataset's kept (transformed) texts are tokenized: content tokens of the kept
-    texts, BOS/EOS scaled by the share kept. Another kind's estimate ``base`` (its tokens as it
-    renders, stores or lays them out) is scaled by the share of bytes kept."""
+    record (with ``bad_weigh``, data version 5: and the planned bytes of the bad ones). A text
+    dataset's kept (transformed) texts are tokenized: content tokens of the kept texts, BOS/EOS
+    scaled by the share kept. Another kind's estimate ``base`` (its tokens as it renders, stores
+    or lays them out, over the same bytes) is scaled by the share of the good bytes kept."""
     ix = pipe.datasets[d]
-    kept, nbytes, good = _kept(pipe, d, pairs)
-    share = len(kept) / good if good else 1.0
+    kept, good_bytes, good, bad, nbytes = _kept(pipe, d, pairs, bad_weigh)
     if pipe.views[d] is not None or any(isinstance(k.value, np.ndarray) for k in kept):
         kept_bytes = sum(int(ix.record_bytes(k.shard)[k.record]) for k in kept)
-        scale = kept_bytes / nbytes if nbytes else 1.0
+        scale = kept_bytes / good_bytes if good_bytes else 1.0
         images = getattr(ix, "kind", "text") != "text"  # image-text: its image tokens come from the index
         return TokenEstimate(
             max(base.tokens_per_byte * scale, 1e-9),
-            base.tokens_per_record * share,
+            base.tokens_per_record * (len(kept) / good if good else 1.0),
             len(kept),
-            kept=max(share, 1e-9) if images else 1.0,
+            kept=max(len(kept) / (good + bad), 1e-9) if images and good else 1.0,
         )
     per_record = int(tok.add_bos) + int(tok.add_eos)
     texts = [str(k.sees()) for k in kept]
     heads = [t[:ESTIMATE_CHARS] for t in texts]
     tokens = sum(len(ids) * len(t) / max(1, len(h)) for ids, t, h in zip(tok.encode_content(heads), texts, heads))
+    share = len(kept) / (good + bad) if good else 1.0
     return TokenEstimate(max(tokens, 1.0) / max(nbytes, 1), per_record * share, len(kept))
 
 
@@ -513,7 +526,7 @@ def prepare_filters(
                     rule.duplicates = {**rule.duplicates, d: _dedup(pipe, at, d)}
             pairs = _sample(ix, spec.seed, d, spec.mixing.estimate_samples)
             _check_determinism(pipe, d, pairs)
-            out[ds.name] = filtered_estimate(pipe, tok, d, pairs, estimates[ds.name])
+            out[ds.name] = filtered_estimate(pipe, tok, d, pairs, estimates[ds.name], spec.data_version >= 5)
     return out
 
 

@@ -15,6 +15,9 @@ turns them, and what it sees of each batch, into per-interval numbers under one 
 ``<p>records/<dataset>``                        records read so far (bad ones included)
 ``<p>skipped/<dataset>``                        records skipped so far (``on_error = "skip"``: bad, too large)
 ``<p>skipped_share/<dataset>``                  skipped / read
+``<p>truncated/<dataset>``                      image-text samples cut to fit a row so far (text after the last image)
+``<p>truncated_tokens``                         the tokens those samples lost
+``<p>truncated_conversations/<long>``           conversations a chat ``long`` policy cut so far
 ``<p>packing_efficiency``                       non-padding share of the row tokens packed in the interval
 ``<p>padding_tokens``                           padding tokens packed in the interval
 ``<p>token_cache/hits``, ``misses``             documents read from / not found in the node's token cache
@@ -42,7 +45,7 @@ from zephon.data import token_cache
 
 from .recipe import Recipe
 
-__all__ = ["LoaderMetrics", "metered"]
+__all__ = ["LoaderMetrics", "metered", "skips_line", "summary_of"]
 
 MetricsCallback = Callable[[dict[str, float], int], Any]
 
@@ -145,7 +148,8 @@ class LoaderMetrics:
                 out[f"{p}records/{name}"] = int(seen[name])
                 out[f"{p}skipped/{name}"] = int(skipped.get(name, 0))
                 out[f"{p}skipped_share/{name}"] = skipped.get(name, 0) / seen[name] if seen[name] else 0.0
-        packer = by_type.get("pack") or by_type.get("mm_pack") or {}
+        out.update(_truncations(p, self.names, by_type))
+        packer = by_type.get("pack") or by_type.get("mm_pack") or by_type.get("chat_pack") or {}
         wait = float(by_type.get("ordered_map", {}).get("wait_workers_s", 0.0))
         now = {"pad": float(packer.get("pad_tokens", 0)), "row": float(packer.get("row_tokens", 0)), "wait": wait}
         delta = {k: v - self._last.get(k, 0.0) for k, v in now.items()}
@@ -158,8 +162,47 @@ class LoaderMetrics:
         return out
 
 
-def _summary_of(loader: Any) -> dict[str, dict[str, Any]] | None:
-    """Summary metrics of a Router, or of every router of a GlobalLoader summed (skips, packing)."""
+def _truncations(p: str, names: list[str], by_type: Mapping[Any, Mapping[str, Any]]) -> dict[str, float]:
+    """The packers' truncation counts: image-text samples cut to fit a row (MMPack, by dataset
+    number) and conversations a chat ``long`` policy cut (ChatPack, by policy)."""
+    out: dict[str, float] = {}
+    mm = by_type.get("mm_pack")
+    if mm is not None:
+        cut = mm.get("truncated", {})
+        for i, name in enumerate(names):
+            out[f"{p}truncated/{name}"] = int(cut.get(i, 0))
+        out[f"{p}truncated_tokens"] = int(mm.get("truncated_tokens", 0))
+    for how, n in (by_type.get("chat_pack") or {}).get("truncated", {}).items():
+        out[f"{p}truncated_conversations/{how}"] = int(n)
+    return out
+
+
+def skips_line(summary: Mapping[str, Mapping[str, Any]] | None, names: list[str]) -> str | None:
+    """One line of what a run skipped and what its packers cut so far (None: nothing), from
+    :func:`summary_of`: records skipped per dataset (of those read), image-text samples cut to fit
+    a row per dataset (and the tokens they lost), conversations cut per chat ``long`` policy."""
+    if not summary:
+        return None
+    by_type = {v.get("node_type"): v for v in summary.values()}
+    skips = by_type.get("skip_counter", {})
+    seen, skipped = skips.get("seen", {}), skips.get("skipped", {})
+    parts = []
+    said = [f"{n} {int(skipped[n])} of {int(seen.get(n, 0))} read" for n in names if skipped.get(n)]
+    if said:
+        parts.append("skipped records: " + ", ".join(said))
+    cut = _truncations("", names, by_type)
+    said = [f"{n} {int(cut[f'truncated/{n}'])}" for n in names if cut.get(f"truncated/{n}")]
+    if said:
+        parts.append(f"samples cut to fit a row: {', '.join(said)} ({int(cut['truncated_tokens'])} tokens cut)")
+    said = [f"{k.split('/', 1)[1]} {int(v)}" for k, v in cut.items() if k.startswith("truncated_conversations/") and v]
+    if said:
+        parts.append("conversations cut by their long policy: " + ", ".join(said))
+    return "; ".join(parts) if parts else None
+
+
+def summary_of(loader: Any) -> dict[str, dict[str, Any]] | None:
+    """Summary metrics of a Router, or of every router of a GlobalLoader (or of a
+    :class:`zephon.recipe.runtime.RankBatches`) summed (skips, packing, truncations)."""
     if hasattr(loader, "summary_metrics"):
         return loader.summary_metrics()
     routers = getattr(loader, "routers", None)
@@ -217,5 +260,5 @@ def metered(
             return
         m.record(batch, time.perf_counter() - t0)
         if m.step % every == 0:
-            callback(m.collect(_summary_of(loader)), m.step)
+            callback(m.collect(summary_of(loader)), m.step)
         yield batch

@@ -386,13 +386,15 @@ def prepare(
     estimates = {
         s.name: TokenEstimate(*estimate_chat(spec, i, ix, chat[i], estimation_sample))
         if i in chat
-        else estimate_tokens(ix, tok, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=i)
+        else estimate_tokens(
+            ix, tok, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=i, bad_weigh=spec.data_version >= 5
+        )
         for i, (s, ix) in pairs
     }
     for s in spec.datasets:
         if estimates[s.name].sampled == 0 and estimates[s.name].bad:
             raise all_bad_error(s.name, estimates[s.name], s.on_error)
-        said = bad_samples_message(s, estimates[s.name])
+        said = bad_samples_message(s, estimates[s.name], weighed=spec.data_version >= 5)
         if said is not None:
             warnings.warn(said, BadSamplesWarning, stacklevel=2)
     pipe = record_pipeline(spec, indexes, tok, special, chat, filters)

@@ -156,6 +156,12 @@ class RankBatches:
         return self._source
 
     @property
+    def routers(self) -> list[Router]:
+        """The routers of this rank (every rank's for ``rank=None``), in lane order: their
+        ``summary_metrics`` (skips, packing) are :func:`zephon.recipe.loader_metrics.summary_of`'s."""
+        return list(self._source.routers) if isinstance(self._source, GlobalLoader) else [self._source]
+
+    @property
     def end(self) -> LaneEnd | None:
         """Where a finite recipe ends (None: it never does)."""
         return self._end if self.ended else self._source.end

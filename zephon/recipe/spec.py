@@ -103,7 +103,10 @@ COUNT = ("all", "loss")
 #: Version 4: the tokenizer's identity (a hash of its content, ``TextTokenizer.identity``) is part
 #: of the data definition (``tokenizer.identity``), so a fork or resume under another tokenizer is
 #: refused naming it.
-DATA_VERSION = 4
+#: Version 5: token estimation weighs the sampled bad records' planned bytes with no tokens (BOS/EOS
+#: scaled by the share of good records), so a dataset whose bad records are skipped still realizes
+#: its weight (:func:`zephon.recipe.estimate.estimate_tokens` ``bad_weigh``).
+DATA_VERSION = 5
 
 #: Settings whose default depends on the data version: ``(section class name, key) -> {first
 #: version: value}``, e.g. ``("PackSpec", "labels"): {2: "document"}``. The field's own default is

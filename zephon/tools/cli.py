@@ -25,6 +25,7 @@ from zephon.engine.shutdown import Terminated, stop_on_signals
 from zephon.recipe import RankBatches, Recipe, RecipeError
 from zephon.recipe.estimate import bad_samples_message
 from zephon.recipe.keys import max_workers
+from zephon.recipe.loader_metrics import skips_line, summary_of
 
 from .cli_parser import DISTRIBUTION, STATE_FILE, build_parser, version_line
 from .demo import demo_recipe, what_you_saw
@@ -89,10 +90,11 @@ def run_hashes(
     end-to-end check of elastic determinism. ``digest="batch"``: :func:`zephon.batch_sha256` of
     the global batch; ``"ledger"``: the digest a run's batch ledger records for the step
     (:func:`zephon.engine.digest.ledger_digest` of the lanes' digests). A finite recipe that ends
-    before ``steps`` prints every step there is and says on ``err`` (stderr) where it ended.
-    ``steps`` counts the steps computed by this call: after a ``resume``, that many *more*.
-    ``ledger``: a folder to write the batch ledger a training run on ``world_size`` ranks would
-    write (one file per rank; ``zephon ledger show`` / ``diff`` read it), on a CPU.
+    before ``steps`` prints every step there is and says on ``err`` (stderr) where it ended, as it
+    says records skipped and samples cut to fit a row. ``steps`` counts the steps computed by this
+    call: after a ``resume``, that many *more*. ``ledger``: a folder to write the batch ledger a
+    training run on ``world_size`` ranks would write (one file per rank; ``zephon ledger show`` /
+    ``diff`` read it), on a CPU.
 
     >>> import io, tempfile
     >>> from zephon.tools.demo import demo_recipe
@@ -143,11 +145,20 @@ def run_hashes(
                 write_ledgers(writers, recipe, t, g.lane_digests(), batch, g.lane_counts())
             if save_at is not None and checkpoint is not None and t + 1 == save_at:
                 _save(g, checkpoint, t, err)
-        for w in writers:
-            w.close()
+        _finish_run(g, recipe, writers, err)
         if writers:
             print(f"zephon hashes: wrote the batch ledger of {world_size} rank(s) to {ledger}", file=err, flush=True)
     return hashes
+
+
+def _finish_run(g: RankBatches, recipe: Any, writers: list[Any], err: Any) -> None:
+    """Close the ledger ``writers``; say the run's skipped records and the samples its packers
+    cut, one line on ``err`` (nothing when there were none), so a user sees what was left out."""
+    for w in writers:
+        w.close()
+    said = skips_line(summary_of(g), [d.name for d in recipe.datasets])
+    if said:
+        print(f"zephon hashes: {said}", file=err, flush=True)
 
 
 def _save(g: RankBatches, checkpoint: str, t: int, err: Any) -> None:
@@ -337,7 +348,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         world = args.world_size or 1
         print(recipe.memory_budget().describe(recipe.lanes // world, recipe.prefetch_depth(world)))
         for s, est in zip(recipe.datasets, recipe.estimates.values()):
-            said = bad_samples_message(s, est)
+            said = bad_samples_message(s, est, weighed=recipe.spec.data_version >= 5)
             if said is not None:
                 print(f"warning: {said}")
         said = warm_line(recipe, args.warm_steps)  # before the measuring run below warms the cache
