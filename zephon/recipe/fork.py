@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -52,6 +50,7 @@ from zephon.engine.workers import PoolSet
 
 from .build import RecipeLanes
 from .explain import explain_fork
+from .filterspec import ForkSpec, parse_fork
 from .lanesteps import cached_lane_steps
 from .migrations import LANE_MIGRATIONS
 from .spec import RecipeError
@@ -62,36 +61,6 @@ __all__ = ["ForkLane", "ForkLanes", "ForkSpec", "check_fork", "continued_source"
 FORKABLE = ("datasets", "schedule", "filters", "fork", "batch_schedule", "global_batch_size")
 #: top-level keys of the data definition, checked before the sections (some derived from them)
 _GIVEN = ("data_version", "seed", "lanes", "seq_len", "global_batch_size", "tokenizer")
-#: the keys of the ``[fork]`` section
-FORK_KEYS = ("parent", "step", "fingerprint")
-
-
-@dataclass(frozen=True)
-class ForkSpec:
-    """The ``[fork]`` section: the parent recipe's path, its expected fingerprint, the fork step."""
-
-    parent: str
-    step: int
-    fingerprint: str | None = None
-
-
-def parse_fork(raw: Any, base_dir: str) -> ForkSpec | None:
-    """The ``[fork]`` section, checked (the parent is read later)."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise RecipeError('recipe: [fork] must be a table with parent = "recipe.toml" and step = N')
-    unknown = [k for k in raw if k not in FORK_KEYS]
-    if unknown:
-        raise RecipeError(f"recipe: unknown key {unknown[0]!r} in [fork]; allowed: parent, step, fingerprint")
-    parent, step, fp = raw.get("parent"), raw.get("step"), raw.get("fingerprint")
-    if not isinstance(parent, str) or not parent:
-        raise RecipeError('recipe: [fork] needs parent = "the recipe the run was started with"')
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise RecipeError(f"recipe: [fork] step must be an integer >= 0 (the first batch of the fork), got {step!r}")
-    if fp is not None and not isinstance(fp, str):
-        raise RecipeError(f"recipe: [fork] fingerprint must be a string, got {fp!r}")
-    return ForkSpec(parent if os.path.isabs(parent) else os.path.join(base_dir, parent), step, fp)
 
 
 def check_fork(parent: Mapping[str, Any], child: Mapping[str, Any]) -> None:
