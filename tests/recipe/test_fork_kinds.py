@@ -157,7 +157,12 @@ def test_parent_checkpoint_continues_and_each_refuses_the_others(case):
     head, theirs = run(case.parent, 4, case.step)
     tail, _ = run(case.fork, 1, None if case.finite else STEPS - case.step, state=case.fork.continue_state(theirs))
     assert head + tail == case.batches
-    with case.fork.global_loader(2) as g, pytest.raises(StateError):  # convert it with continue_state
+    with (
+        case.fork.global_loader(2) as g,
+        pytest.raises(
+            StateError, match=r"not a fork's: if it is the parent run's, convert it with recipe.continue_state"
+        ),
+    ):
         g.load_state_dict(theirs)
     _, mine = run(case.fork, 2, case.step + 1)
     with case.parent.global_loader(2) as g, pytest.raises(StateError):

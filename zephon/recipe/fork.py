@@ -351,8 +351,18 @@ class ForkLanes(LaneSet):
         return " ".join(h for h in (fork, rest) if h)
 
     def adopt(self, shared: Mapping[str, Any]) -> LaneSet:
-        """The child lanes the checkpoint's values describe, and the fork's end it carries."""
-        child = self.child.adopt({k: v for k, v in shared.items() if k not in LaneSet.shared_keys})
+        """The child lanes the checkpoint's values describe, and the fork's end it carries; a
+        refused checkpoint of a run that is not a fork (the parent's) names the conversion."""
+        try:
+            child = self.child.adopt({k: v for k, v in shared.items() if k not in LaneSet.shared_keys})
+        except StateError as e:
+            if "fork" in shared:
+                raise
+            raise StateError(
+                f"{e}. The checkpoint is not a fork's: if it is the parent run's, convert it with "
+                f"recipe.continue_state(state) (one written at or before the fork step {self.step}; `zephon hashes "
+                "--resume` converts it itself)"
+            ) from None
         if child is self.child:
             return self.adopt_end(shared)
         if not isinstance(child, RecipeLanes):
