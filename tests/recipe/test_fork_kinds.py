@@ -22,6 +22,7 @@ from vl_fixtures import vl_config, write_vl_root
 from zephon import Recipe, StateError, WorkerConfig, batch_sha256
 from zephon.data import BUNDLED_TOKENIZER, TextTokenizer, write_tokens
 from zephon.engine.checkpoint import decode_state, encode_state
+from zephon.engine.testing import check_node
 from zephon.recipe import RecipeError
 from zephon.tools.chat_demo import write_chat_recipe
 
@@ -139,8 +140,8 @@ def test_prefix_is_the_parents_and_the_same_on_every_world_size(case):
     s = case.step
     assert case.batches[:s] == case.parent_batches[:s]
     assert case.batches[s:] and case.batches[s] != case.parent_batches[s]
-    for world in (2, 4):
-        assert run(case.fork, world, None if case.finite else STEPS)[0] == case.batches
+    for world, workers in ((2, WorkerConfig(0)), (4, WorkerConfig(2, "thread"))):
+        assert run(case.fork, world, None if case.finite else STEPS, workers=workers)[0] == case.batches
     if case.finite:  # it ends where its own data ends: its own count, not the parent's
         with case.fork.global_loader(1) as g:
             assert g.end.steps == len(case.batches)
@@ -191,6 +192,9 @@ def test_a_fork_at_the_parents_end_reads_a_dataset_it_adds(finite_text):
     assert run(fork, 4)[0] == mine
     head, state = run(fork, 2, len(theirs) + 1)
     assert head + run(fork, 4, state=state)[0] == mine
+    # each fork lane's checkpoint contract, through the parent's padding and the switch at the step
+    ctx = fork.lane_context(1, WorkerConfig(0))
+    check_node(lambda: fork.build_lane(ctx), max_steps=len(mine), every=2, compare_steps=3)
 
 
 def test_a_fork_after_the_parents_end_is_refused(finite_text):
