@@ -32,9 +32,9 @@ from .worksource import WorkItem
 
 __all__ = ["FILTER_KINDS", "FilterCounter"]
 
-#: the kinds of a ``[[filters]]`` entry: built-in rules, and user functions (``function``: keep
-#: or drop; ``transform``: a new text; ``stateful``: a class run on the lane)
-FILTER_KINDS = ("length", "regex", "dedup", "field", "function", "transform", "stateful", "image_size")
+#: the kinds of a ``[[filters]]`` entry: built-in rules, and user code (``function``: keep or
+#: drop; ``transform``: a new text; ``stateful``: a class run on the lane; ``stage``: a rule class)
+FILTER_KINDS = ("length", "regex", "dedup", "field", "function", "transform", "stateful", "stage", "image_size")
 
 
 class FilterCounter(ZNode[Any]):

@@ -218,7 +218,7 @@ def test_user_function_error_in_a_worker_names_the_record(tmp_path):
         ({"kind": "length", "min": 5, "max": 2}, "max = 2 is below min = 5"),
         ({"kind": "length", "unit": "words"}, 'unit must be "chars" or "tokens"'),
         ({"kind": "dedup", "datasets": ["nope"]}, "datasets names 'nope'"),
-        ({"kind": "dedup", "pattern": "x"}, "unknown key 'pattern' for kind = 'dedup'"),
+        ({"kind": "dedup", "pattern": "x"}, r"unknown key 'pattern' in \[\[filters\]\] #1 \(kind = 'dedup'\)"),
         ({"kind": "function", "function": "no_such_module_zz:f"}, "cannot import module 'no_such_module_zz'"),
         ({"kind": "function", "function": "user_filters:nope"}, "has no 'nope'"),
     ],

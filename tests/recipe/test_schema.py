@@ -117,6 +117,8 @@ def test_key_lists_are_the_dataclass_fields():
         "end",
         "memory_gb",
         "data_version",
+        "filters",
+        "fork",
     ] == TOP_KEYS
     assert [f.name for f in dataclasses.fields(VisionTable)] == VISION_KEYS
     for cls in KEYED + TABLES:

@@ -128,9 +128,6 @@ def test_the_docs_have_toml_blocks():
 def test_toml_block_parses_and_validates(src, tmp_path):
     from zephon.data import BUNDLED_TOKENIZER
     from zephon.recipe import parse_recipe
-    from zephon.recipe.filters import parse_filters
-    from zephon.recipe.fork import parse_fork
-    from zephon.recipe.recipe import OWN_SECTIONS
 
     raw = tomllib.loads(src)
     if "seed" not in raw:  # a fragment: completed with BASE and a dataset of its own
@@ -140,7 +137,4 @@ def test_toml_block_parses_and_validates(src, tmp_path):
         own += [{"name": n, "path": f"{n}/*.jsonl", "weight": 1.0} for n in named]  # datasets a [[filters]] names
         raw = {**BASE, **raw, "datasets": own + raw.get("datasets", [])}
     raw["tokenizer"] = {**raw.get("tokenizer", {}), "path": BUNDLED_TOKENIZER}
-    core = {k: v for k, v in raw.items() if k not in OWN_SECTIONS}  # [[filters]], [fork]: read by Recipe
-    spec = parse_recipe(core, str(tmp_path))  # raises RecipeError naming the key when a block is invalid
-    parse_filters(raw.get("filters"), spec)
-    parse_fork(raw.get("fork"), str(tmp_path))
+    parse_recipe(raw, str(tmp_path))  # raises RecipeError naming the key when a block is invalid

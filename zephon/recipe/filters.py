@@ -1,4 +1,5 @@
-"""``[[filters]]``: a recipe's filters and transforms, checked, fingerprinted and prepared.
+"""``[[filters]]``: a recipe's filters and transforms, checked, fingerprinted and prepared (the
+entries are read by the recipe schema: :mod:`zephon.recipe.filterspec`).
 
 Each entry is one rule of :class:`zephon.nodes.FilterChain` (applied in recipe order, to the
 datasets it names or to all)::
@@ -53,38 +54,30 @@ sampled records), so its planned share accounts for what the rules drop.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import importlib.metadata
-import inspect
 import json
-import re
-import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import regex
 
 from zephon.data.datasets import FIELD_FORMATS, TOKEN_FORMATS, BadRecord
 from zephon.data.tokenizer import TextTokenizer
 from zephon.engine import IndexPermutation
 from zephon.engine.seeding import stable_u64
 from zephon.nodes import (
-    FILTER_KINDS,
     FilterError,
     FilterRule,
     RecordPipeline,
     StatefulFunction,
     call_bound,
     duplicate_records,
-    resolve_function,
 )
 from zephon.nodes.stages import Record, RuleStage, UnviewableError, call_rule
 
 from .estimate import TokenEstimate, planned_bytes
 from .explain import filters_summary
+from .filterspec import FilterSpec, code_fingerprint, parse_filters
 from .spec import CHAT_KIND, DatasetSpec, RecipeError, RecipeSpec
 
 __all__ = [
@@ -103,184 +96,6 @@ __all__ = [
 DETERMINISM_SAMPLES = 32
 #: characters of a sampled text a filtered estimate tokenizes (longer ones are extrapolated)
 ESTIMATE_CHARS = 64 << 10
-#: the keys each kind allows besides name, kind and datasets
-_KIND_KEYS: Mapping[str, tuple[str, ...]] = {
-    "length": ("unit", "min", "max"),
-    "regex": ("pattern", "action"),
-    "dedup": (),
-    "field": ("field", "min", "max", "in", "not_in"),
-    "function": ("function", "params"),
-    "stateful": ("function", "params"),
-    "transform": ("function", "params"),
-}
-
-
-@dataclass(frozen=True)
-class FilterSpec:
-    """One ``[[filters]]`` entry, validated; ``code`` fingerprints a user function's code."""
-
-    name: str
-    kind: str
-    datasets: tuple[str, ...] | None = None
-    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    function: str | None = None
-    code: str | None = None
-
-    def definition(self) -> dict[str, Any]:
-        """What enters the data definition (and the fingerprint)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-
-
-def code_fingerprint(path: str) -> str:
-    """SHA-256 (16 hex digits) of the source file of the module that defines user function
-    ``path``, and the version of its distribution: editing or upgrading the code changes it."""
-    fn = resolve_function(path)
-    mod = sys.modules.get(getattr(fn, "__module__", "") or "") or sys.modules[path.split(":")[0]]
-    h = hashlib.sha256()
-    try:
-        with open(inspect.getsourcefile(mod) or "", "rb") as f:
-            h.update(f.read())
-    except (OSError, TypeError):
-        h.update(repr(fn).encode())
-    top = mod.__name__.split(".")[0]
-    for dist in importlib.metadata.packages_distributions().get(top, []):
-        h.update(f"{dist}=={importlib.metadata.version(dist)}".encode())
-    return h.hexdigest()[:16]
-
-
-def _err(where: str, msg: str) -> RecipeError:
-    return RecipeError(f"recipe: {where}: {msg}")
-
-
-def _int_key(where: str, entry: Mapping[str, Any], k: str) -> int | None:
-    v = entry.get(k)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise _err(where, f"{k} must be an integer >= 0, got {v!r}")
-    return v
-
-
-def _params(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
-    """A kind's settings, checked (the user function imported, its code fingerprinted)."""
-    kind = entry["kind"]
-    if kind == "length":
-        unit = entry.get("unit", "chars")
-        if unit not in ("chars", "tokens"):
-            raise _err(where, f'unit must be "chars" or "tokens", got {unit!r}')
-        lo, hi = _int_key(where, entry, "min") or 0, _int_key(where, entry, "max")
-        if hi is not None and hi < lo:
-            raise _err(where, f"max = {hi} is below min = {lo}: every document would be dropped")
-        return {"params": {"unit": unit, "min": lo, **({"max": hi} if hi is not None else {})}}
-    if kind == "regex":
-        pattern, action = entry.get("pattern"), entry.get("action", "exclude")
-        if not isinstance(pattern, str) or not pattern:
-            raise _err(where, 'needs pattern = "a regular expression"')
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise _err(where, f"pattern {pattern!r} is not a regular expression: {e}") from None
-        try:  # the engine that matches it (a time bound per match): it must read the pattern as re does
-            regex.compile(pattern)
-        except regex.error as e:
-            raise _err(
-                where,
-                f"pattern {pattern!r} is read by Python's re but not by the regex engine zephon matches with "
-                f"(it bounds each match in time): {e}; rewrite the pattern",
-            ) from None
-        if action not in ("include", "exclude"):
-            raise _err(where, f'action must be "include" or "exclude", got {action!r}')
-        return {"params": {"pattern": pattern, "action": action}}
-    if kind == "field":
-        return {"params": _field_params(where, entry)}
-    if kind in ("function", "transform", "stateful"):
-        path, params = entry.get("function"), entry.get("params", {})
-        if not isinstance(path, str):
-            raise _err(where, 'needs function = "package.module:function"')
-        if not isinstance(params, dict):
-            raise _err(where, f"params must be a table, got {params!r}")
-        try:
-            json.dumps(params, sort_keys=True)
-            if kind == "stateful":
-                StatefulFunction(entry.get("name", kind), path, params)  # the protocol and params, checked now
-            return {"params": dict(params), "function": path, "code": code_fingerprint(path)}
-        except FilterError as e:
-            raise _err(where, str(e)) from None
-        except (TypeError, ValueError) as e:
-            raise _err(where, f"params must be plain TOML values: {e}") from None
-    return {}
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _distinct(values: list[Any]) -> list[Any]:
-    """The distinct values of an ``in`` list, a bool never merged with a number (``true == 1``)."""
-    seen: dict[tuple[str, Any], Any] = {}
-    for x in values:
-        seen.setdefault((type(x).__name__ if isinstance(x, (str, bool)) else "number", x), x)
-    return list(seen.values())
-
-
-def _field_params(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``field`` rule's settings: the field, and a threshold (min/max) or a set (in/not_in)."""
-    name = entry.get("field")
-    if not isinstance(name, str) or not name:
-        raise _err(where, 'needs field = "the name of a metadata field" (a JSONL key, a Parquet/Arrow column)')
-    given = [k for k in ("min", "max", "in", "not_in") if k in entry]
-    if not given or (set(given) & {"in", "not_in"} and len(given) > 1):
-        raise _err(where, f"needs min and/or max (numbers), or one of in / not_in (a list of values); got {given}")
-    out: dict[str, Any] = {"field": name}
-    for k in given:
-        v = entry[k]
-        if k in ("min", "max") and (not _number(v) or v != v):
-            raise _err(
-                where,
-                f"{k} must be a number, got {v!r}" + (": NaN compares false with everything" if _number(v) else ""),
-            )
-        if k in ("in", "not_in"):
-            if not isinstance(v, list) or not v or not all(isinstance(x, (str, bool)) or _number(x) for x in v):
-                raise _err(where, f"{k} must be a non-empty list of strings, numbers or booleans, got {v!r}")
-            if any(x != x for x in v):
-                raise _err(where, f"{k} holds NaN, which equals no value (a NaN field is an error, or a counted skip)")
-            v = sorted(_distinct(v), key=repr)
-        out[k] = v
-    if "min" in out and "max" in out and out["max"] < out["min"]:
-        raise _err(where, f"max = {out['max']} is below min = {out['min']}: every document would be dropped")
-    return out
-
-
-def parse_filters(raw: Any, spec: RecipeSpec) -> tuple[FilterSpec, ...]:
-    """The ``[[filters]]`` entries of a recipe, checked against its datasets."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list) or not all(isinstance(e, dict) for e in raw):
-        raise RecipeError('recipe: [[filters]] must be an array of tables, each with kind = "..."')
-    names = [d.name for d in spec.datasets]
-    out: list[FilterSpec] = []
-    for i, entry in enumerate(raw):
-        where = f"[[filters]] #{i + 1}"
-        kind = entry.get("kind")
-        if kind not in FILTER_KINDS:
-            raise _err(where, f"kind must be one of {', '.join(map(repr, FILTER_KINDS))}, got {kind!r}")
-        allowed = ("name", "kind", "datasets", *_KIND_KEYS[kind])
-        unknown = [k for k in entry if k not in allowed]
-        if unknown:
-            raise _err(where, f"unknown key {unknown[0]!r} for kind = {kind!r}; allowed: {', '.join(allowed)}")
-        name = entry.get("name", f"{kind}#{i + 1}")
-        if not isinstance(name, str) or not name or name in [f.name for f in out]:
-            raise _err(where, f"name must be a unique non-empty string, got {name!r}")
-        ds = entry.get("datasets")
-        if ds is not None:
-            if not isinstance(ds, list) or not ds or not all(isinstance(d, str) for d in ds):
-                raise _err(where, f"datasets must be a list of dataset names, got {ds!r}")
-            missing = [d for d in ds if d not in names]
-            if missing:
-                raise _err(where, f"datasets names {missing[0]!r}, not a dataset of the recipe ({', '.join(names)})")
-        with call_bound(spec.workers.for_stage("tokenize").timeout_s):  # a stateful class is built here
-            out.append(FilterSpec(name, kind, None if ds is None else tuple(ds), **_params(where, entry)))
-    return tuple(out)
 
 
 def filter_rules(filters: Sequence[FilterSpec], spec: RecipeSpec) -> list[RuleStage]:

@@ -21,6 +21,11 @@ same on every W, worker count and after any resume):
 * the mixture deficits start from zero, so the new weights hold from ``step`` on;
 * packer, shuffle window and batch start empty; filters are this recipe's.
 
+A finite parent or fork (every dataset ``policy = "stop"``) works too: before ``step`` each lane
+delivers what the parent's run delivers (its padding after the lane's end under ``end = "pad"``),
+a fork ends as its own recipe says, where its own data ends (:class:`ForkLanes`), and a step after
+the parent's last step is refused.
+
 What may differ from the parent: dataset weights and the schedule, datasets added or removed, and
 ``[[filters]]``. Anything else (seed, lanes, seq_len, packing, shuffling, the tokenizer, a kept
 dataset's files or settings) is refused, naming the key.
@@ -30,21 +35,23 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon.engine import LaneContext, StateError, ZNode
+from zephon.engine import LaneContext, StateError, WorkerConfig, ZNode
 from zephon.engine.checkpoint import is_lane_key, lane_state, seal_state, verify_state
-from zephon.engine.lanes import LaneSet
+from zephon.engine.end import LaneEnd
+from zephon.engine.lanes import LaneSet, count_lane_steps
 from zephon.engine.node import check_state_keys, state_int, state_node
 from zephon.engine.router import lane_counts
+from zephon.engine.workers import PoolSet
 
 from .build import RecipeLanes
 from .explain import explain_fork
+from .filterspec import ForkSpec, parse_fork
+from .lanesteps import cached_lane_steps
 from .migrations import LANE_MIGRATIONS
 from .spec import RecipeError
 
@@ -54,36 +61,6 @@ __all__ = ["ForkLane", "ForkLanes", "ForkSpec", "check_fork", "continued_source"
 FORKABLE = ("datasets", "schedule", "filters", "fork", "batch_schedule", "global_batch_size")
 #: top-level keys of the data definition, checked before the sections (some derived from them)
 _GIVEN = ("data_version", "seed", "lanes", "seq_len", "global_batch_size", "tokenizer")
-#: the keys of the ``[fork]`` section
-FORK_KEYS = ("parent", "step", "fingerprint")
-
-
-@dataclass(frozen=True)
-class ForkSpec:
-    """The ``[fork]`` section: the parent recipe's path, its expected fingerprint, the fork step."""
-
-    parent: str
-    step: int
-    fingerprint: str | None = None
-
-
-def parse_fork(raw: Any, base_dir: str) -> ForkSpec | None:
-    """The ``[fork]`` section, checked (the parent is read later)."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise RecipeError('recipe: [fork] must be a table with parent = "recipe.toml" and step = N')
-    unknown = [k for k in raw if k not in FORK_KEYS]
-    if unknown:
-        raise RecipeError(f"recipe: unknown key {unknown[0]!r} in [fork]; allowed: parent, step, fingerprint")
-    parent, step, fp = raw.get("parent"), raw.get("step"), raw.get("fingerprint")
-    if not isinstance(parent, str) or not parent:
-        raise RecipeError('recipe: [fork] needs parent = "the recipe the run was started with"')
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise RecipeError(f"recipe: [fork] step must be an integer >= 0 (the first batch of the fork), got {step!r}")
-    if fp is not None and not isinstance(fp, str):
-        raise RecipeError(f"recipe: [fork] fingerprint must be a string, got {fp!r}")
-    return ForkSpec(parent if os.path.isabs(parent) else os.path.join(base_dir, parent), step, fp)
 
 
 def check_fork(parent: Mapping[str, Any], child: Mapping[str, Any]) -> None:
@@ -191,10 +168,14 @@ class ForkLane(ZNode[Any]):
         step: int,
         parent_names: list[str],
         child_names: list[str],
+        parent_steps: int | None = None,
+        parent_pad: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__()
         self.parent, self.make_child, self.fork_step = parent, make_child, step
         self.parent_names, self.child_names = parent_names, child_names
+        #: a finite parent's micro-batches in this lane, and its padding item after them (its end = "pad")
+        self.parent_steps, self.parent_pad = parent_steps, parent_pad
         self.child: BaseNode | None = None
         self.t = 0
 
@@ -258,9 +239,26 @@ class ForkLane(ZNode[Any]):
         on = "parent" if self.t < self.fork_step else "child"
         return self._tagged({"step": self.t, "on": on, "lane": json.dumps(node.state_dict(), sort_keys=True)})
 
+    def _next_of_parent(self) -> Any:
+        """The parent lane's micro-batch, as the parent's own run delivers it: a finite parent's
+        lane past its end gives its padding item, and at its last micro-batch its stream is read
+        to the end (what the router does in the parent's run, so the state at the fork is the same)."""
+        n = self.parent_steps
+        if n is None:
+            return next(self.parent)
+        if self.t >= n:
+            if self.parent_pad is None:  # refused by ForkLanes: a "drop" parent ends after the fork step
+                raise StateError(f"{self!r}: the parent lane ended after {n} micro-batches, before the fork step")
+            return self.parent_pad()
+        out = next(self.parent)
+        if self.t + 1 == n:
+            for _ in self.parent:  # records after the last row that produce nothing
+                raise StateError(f"{self!r}: the parent lane holds more than the {n} micro-batches it was counted to")
+        return out
+
     def next(self) -> Any:
         if self.t < self.fork_step:
-            out = next(self.parent)
+            out = self._next_of_parent()
             self.t += 1
             if self.t == self.fork_step:
                 self._start_child()
@@ -270,30 +268,74 @@ class ForkLane(ZNode[Any]):
         return out
 
 
+def _parent_end(parent: LaneSet, step: int, ctx: LaneContext) -> LaneEnd | None:
+    """A finite parent's end (its cached counts, else a count), refusing a fork step after it."""
+    end = parent.lane_end(lanes=ctx.lanes, seed=ctx.seed, workers=ctx.workers, pools=ctx.pools)
+    if end is not None and step > end.steps:
+        raise RecipeError(
+            f"recipe: [fork] step {step} is after the parent run's last step (its data ends after {end.steps} steps, "
+            f"end = {end.mode!r}): fork at a step <= {end.steps}"
+        )
+    return end
+
+
 def _fork_lane(
     parent: LaneSet, child: LaneSet, step: int, names: tuple[list[str], list[str]], ctx: LaneContext
 ) -> BaseNode:
-    return ForkLane(parent(ctx), functools.partial(child, ctx), step=step, parent_names=names[0], child_names=names[1])
+    end = _parent_end(parent, step, ctx)
+    pad = functools.partial(parent.pad_item, ctx.lane) if parent.end_mode == "pad" else None
+    return ForkLane(
+        parent(ctx),
+        functools.partial(child, ctx),
+        step=step,
+        parent_names=names[0],
+        child_names=names[1],
+        parent_steps=None if end is None else end.lane_steps[ctx.lane],
+        parent_pad=pad,
+    )
 
 
 class ForkLanes(LaneSet):
-    """The lanes of a fork (:class:`ForkLane`); checkpoints carry the child's shared values."""
+    """The lanes of a fork (:class:`ForkLane`); checkpoints carry the child's shared values.
+
+    A fork ends as its own recipe says (``end`` of the child; a fork that reads only datasets with
+    ``policy = "stop"`` ends where its own data ends): its per-lane counts are those of the fork's
+    lanes (the parent's micro-batches before the step, the child's after it), a dry run cached under
+    the fork's fingerprint. A finite parent's lanes before the fork step are delivered as the
+    parent's run delivers them (padding after a lane's end), and a fork step after the parent's
+    last step is refused."""
 
     lane_migrations = LANE_MIGRATIONS
 
     def __init__(self, parent: RecipeLanes, child: RecipeLanes, step: int) -> None:
-        if parent.end_mode is not None or child.end_mode is not None:
-            raise RecipeError('recipe: [fork] applies to recipes that never end (a dataset with policy = "repeat")')
         _check_batch_phases(parent.prepared.spec, child.prepared.spec, step)
         names = ([s.name for s in parent.prepared.spec.datasets], [s.name for s in child.prepared.spec.datasets])
-        super().__init__(functools.partial(_fork_lane, parent, child, step, names))
+        end = child.end_mode
+        super().__init__(
+            functools.partial(_fork_lane, parent, child, step, names),
+            end=end,
+            pad=child.pad_item if end == "pad" else None,
+        )
         self.parent, self.child, self.step = parent, child, step
+
+    def count_steps(
+        self, *, lanes: int, seed: int, workers: WorkerConfig | None = None, pools: PoolSet | None = None
+    ) -> list[int]:
+        """The fork's per-lane micro-batch counts: cached under the fork's fingerprint (with the
+        parent's token estimates), else a dry run of every fork lane."""
+
+        def count() -> list[int]:
+            return count_lane_steps(self.build, lanes=lanes, seed=seed, workers=workers, pools=pools)
+
+        also = json.dumps(self.parent.prepared.shared_state().get("token_estimates"), sort_keys=True)
+        return cached_lane_steps(self.child.prepared, count, also)
 
     def _fork(self) -> dict[str, Any]:
         return {"parent": self.parent.prepared.fingerprint[:16], "step": self.step}
 
     def shared_state(self) -> dict[str, Any]:
-        return {**self.child.shared_state(), "fork": self._fork()}
+        """The child's values, the fork's own end (its lanes' counts) and the fork."""
+        return {**self.child.shared_state(), **LaneSet.shared_state(self), "fork": self._fork()}
 
     def explain_fingerprint(self, fingerprint: str, shared: Mapping[str, Any] | None = None) -> str:
         """The parent run's checkpoint (convert it), another fork step or parent, or what the
@@ -309,12 +351,23 @@ class ForkLanes(LaneSet):
         return " ".join(h for h in (fork, rest) if h)
 
     def adopt(self, shared: Mapping[str, Any]) -> LaneSet:
-        child = self.child.adopt(shared)
+        """The child lanes the checkpoint's values describe, and the fork's end it carries; a
+        refused checkpoint of a run that is not a fork (the parent's) names the conversion."""
+        try:
+            child = self.child.adopt({k: v for k, v in shared.items() if k not in LaneSet.shared_keys})
+        except StateError as e:
+            if "fork" in shared:
+                raise
+            raise StateError(
+                f"{e}. The checkpoint is not a fork's: if it is the parent run's, convert it with "
+                f"recipe.continue_state(state) (one written at or before the fork step {self.step}; `zephon hashes "
+                "--resume` converts it itself)"
+            ) from None
         if child is self.child:
-            return self
+            return self.adopt_end(shared)
         if not isinstance(child, RecipeLanes):
             raise StateError("a fork's checkpoint must describe a recipe's lanes")
-        return ForkLanes(self.parent, child, self.step)
+        return ForkLanes(self.parent, child, self.step).adopt_end(shared)
 
     def __repr__(self) -> str:
         return f"ForkLanes(step={self.step}, parent={self.parent!r}, child={self.child!r})"

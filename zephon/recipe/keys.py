@@ -22,7 +22,18 @@ from typing import Any
 
 from zephon.engine.mapper import MAX_CHUNK_SIZE
 
-__all__ = ["LIMITS", "Key", "as_list", "field_default", "key", "keys", "max_workers", "meta", "off_default"]
+__all__ = [
+    "LIMITS",
+    "Key",
+    "as_list",
+    "field_default",
+    "key",
+    "keys",
+    "max_workers",
+    "meta",
+    "off_default",
+    "spelled",
+]
 
 
 #: The largest value each recipe key may take. A larger one is a typo or hostile: it would hang or
@@ -57,6 +68,7 @@ LIMITS: Mapping[str, int] = {
     "merge_size": 64,
     "temporal_patch_size": 64,
     "pixels": 1 << 32,
+    "image_side": 1 << 16,
     "images": 65536,
     "memory_gb": 1 << 20,
 }
@@ -83,11 +95,13 @@ class Key:
     choices: tuple[str, ...] | None = None  #: strings: the allowed values
     positive: bool = False  #: numbers: > 0 rather than >= 0
     auto: bool = False  #: the string "auto" stands for the default
-    read: str | None = None  #: a reader other than the type's ("globs", "rgb", "table": parsed as a section)
+    read: str | None = None  #: a reader other than the type's ("globs", "rgb", "table": parsed as a section,
+    #: "rule": passed through, checked by the section's own rule)
     derived: str | None = None  #: a default that depends on other keys, set by a rule: which one
     example: str = "..."  #: what "needs KEY = EXAMPLE" shows when a required key is missing
     also: tuple[str, ...] = ()  #: further top-level tables that fill this field (``[tokenize]`` -> workers)
     new: bool = False  #: added after fingerprints were first recorded: in the data definition only off its default
+    toml: str | None = None  #: the key's spelling in TOML where it cannot be the field's name (``in``)
 
     def limit(self) -> int | None:
         """The largest value, resolved (:data:`LIMITS`, or ``hi()`` for a bound that depends on
@@ -113,8 +127,13 @@ def keys(cls: type) -> list[str]:
     in ``also``)."""
     out: list[str] = []
     for f in dataclasses.fields(cls):
-        out += [f.name, *f.metadata["key"].also]
+        out += [spelled(f), *f.metadata["key"].also]
     return out
+
+
+def spelled(f: dataclasses.Field) -> str:
+    """How field ``f``'s key is spelled in a recipe (its name, unless its :class:`Key` says ``toml``)."""
+    return f.metadata["key"].toml or f.name
 
 
 def _fields(cls: Any) -> dict[str, dataclasses.Field]:

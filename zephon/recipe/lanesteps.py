@@ -38,16 +38,18 @@ def _zephon_version() -> str:
         return "unknown"
 
 
-def lane_steps_key(p: Prepared) -> str:
+def lane_steps_key(p: Prepared, also: str = "") -> str:
     """What a finite recipe's per-lane step counts depend on: its fingerprint (data definition,
     files, tokenizer, end mode), the token estimates its plan was made with, its data version
-    and the zephon version that counts (another version may pack, hence count, differently)."""
+    and the zephon version that counts (another version may pack, hence count, differently);
+    ``also``: anything else the counts depend on (a fork's parent's token estimates)."""
     est = json.dumps(
         {k: [v.tokens_per_byte, v.tokens_per_record, v.sampled] for k, v in sorted(p.estimates.items())},
         sort_keys=True,
     )
     ver = f"{LANE_STEPS_FORMAT}\0{_zephon_version()}\0{p.spec.data_version}"
-    return hashlib.sha256(f"{p.fingerprint}\0{est}\0{ver}".encode()).hexdigest()[:32]
+    tail = f"\0{also}" if also else ""  # none: the keys of files written before `also` existed
+    return hashlib.sha256(f"{p.fingerprint}\0{est}\0{ver}{tail}".encode()).hexdigest()[:32]
 
 
 def _read_counts(path: str, p: Prepared, key: str) -> list[int] | None:
@@ -87,7 +89,7 @@ def _write_counts(path: str, record: dict[str, Any]) -> bool:
         return False
 
 
-def cached_lane_steps(p: Prepared, count: Callable[[], Sequence[int]]) -> list[int]:
+def cached_lane_steps(p: Prepared, count: Callable[[], Sequence[int]], also: str = "") -> list[int]:
     """The micro-batches each lane of the finite recipe ``p`` holds: from the cache folder
     (the recipe's ``cache_dir``, else ``$ZEPHON_CACHE_DIR`` / ``~/.cache/zephon/index``) when
     there, else ``count()`` (a dry run of every lane) stored there under a file lock, so that
@@ -96,9 +98,9 @@ def cached_lane_steps(p: Prepared, count: Callable[[], Sequence[int]]) -> list[i
     The count is a pass over the data (read, tokenize, pack: what one epoch of loading costs,
     with the rank's workers); the file is keyed by :func:`lane_steps_key`, so any change of
     the data definition (or of the data or zephon version) counts again; a full or read-only
-    folder counts without keeping the result."""
+    folder counts without keeping the result. ``also``: see :func:`lane_steps_key`."""
     folder = p.spec.cache_dir or default_cache_dir()
-    key = lane_steps_key(p)
+    key = lane_steps_key(p, also)
     path = os.path.join(folder, f"lane_steps-{key}.json")
     lanes = p.spec.lanes
     got = _read_counts(path, p, key)

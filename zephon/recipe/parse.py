@@ -36,7 +36,8 @@ from zephon.nodes import VisionConfig, WeightSchedule
 
 from .budget import VL_WINDOW_BYTES, memory_budget, size
 from .chat import CHAT_KEYS, check_chat
-from .keys import LIMITS, Key, keys, meta
+from .filterspec import with_sections
+from .keys import LIMITS, Key, keys, meta, spelled
 from .phases import batch_schedule, batch_tokens_view, check_phases, phase_specs
 from .spec import (
     CHAT_KIND,
@@ -182,8 +183,8 @@ def _value(cls: Any, name: str, value: Any, section: str) -> Any:
         return _rgb(section, name, value, k.positive)
     if kind == "globs":
         return _globs(section, name, value)
-    if kind == "table":
-        return value  # a nested section: its own reader checks it
+    if kind in ("table", "rule"):
+        return value  # a nested section, or a value its section's rule checks
     raise TypeError(f"{cls.__name__}.{name}: no reader for {kind!r}; declare read= in its key()")
 
 
@@ -259,14 +260,15 @@ def read_table(
             default = f"recipe: {where} needs {name} = {meta(cls, name).example}"
             raise RecipeError(missing(name) if callable(missing) else missing or default)
     prefix = f"{where}." if section is None else section
+    given = {f.name: table[spelled(f)] for f in dataclasses.fields(cls) if spelled(f) in table}
     names = [
         f.name
         for f in dataclasses.fields(cls)
-        if f.name in table
+        if f.name in given
         and (only is None or f.name in only)
-        and not (table[f.name] is None and f.default is None)  # None (from Python, not TOML): not given
+        and not (given[f.name] is None and f.default is None)  # None (from Python, not TOML): not given
     ]
-    out = {name: _value(cls, name, table[name], prefix) for name in names}
+    out = {name: _value(cls, name, given[name], prefix) for name in names}
     if version is not None:
         for section, name in VERSIONED:
             if section == cls.__name__ and name not in out and (only is None or name in only):
@@ -326,7 +328,7 @@ def parse_recipe(raw: Mapping[str, Any], base_dir: str = ".") -> RecipeSpec:
             ) from None
     check_phases(spec)
     check_chat(spec)
-    return spec
+    return with_sections(spec, r, base_dir, read_table)  # [[filters]], [fork]: their rules need the spec
 
 
 def _missing_top_key(name: str) -> str:

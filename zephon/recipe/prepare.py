@@ -97,7 +97,7 @@ def _image_text_tokens(index: ImageTextShardIndex, est: TokenEstimate, vision: V
     n_img, ws, hs = index.image_sizes(shard)
     per_image = np.array([vision.image_tokens(int(w), int(h)) + 2 for w, h in zip(ws, hs)], np.float64)
     owner = np.repeat(np.arange(len(n_img)), n_img)
-    img = np.bincount(owner, weights=per_image, minlength=len(n_img)) if per_image.size else np.zeros(len(n_img))
+    img: Any = np.bincount(owner, weights=per_image, minlength=len(n_img)) if per_image.size else np.zeros(len(n_img))
     if est.kept != 1.0:  # [[filters]] drop samples: their images deliver no tokens either
         img = img * est.kept
     return np.maximum(1, np.rint(text + img)).astype(np.int64)
@@ -359,14 +359,16 @@ def prepare(
     spec: RecipeSpec,
     progress: bool | None = None,
     group: Any = None,
-    filters: Sequence[FilterSpec] = (),
+    filters: Sequence[FilterSpec] | None = None,
     fork: tuple[str, int] | None = None,
 ) -> Prepared:
     """Load the tokenizer, index the datasets, estimate tokens, build the record pipeline and
     plan the work (I/O): the one place a :class:`Prepared` is assembled and its fingerprint made.
     ``group`` (a ``torch.distributed`` process group, or ``"world"``): the ranks index the text
     datasets together, each a slice of the shards (every rank of the group must call it).
-    ``filters``: the recipe's ``[[filters]]``; ``fork``: a fork's parent fingerprint and step."""
+    ``filters``: the ``[[filters]]`` (default: the recipe's, ``spec.filters``); ``fork``: a fork's
+    parent fingerprint and step (its parent is another recipe: :class:`~zephon.recipe.Recipe` reads it)."""
+    filters = spec.filters if filters is None else filters
     t = spec.tokenizer
     try:
         tok = TextTokenizer(t.path, t.add_bos, t.add_eos, t.bos_token, t.eos_token, t.special_tokens_in_text)

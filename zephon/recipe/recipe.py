@@ -31,8 +31,8 @@ from zephon.nodes import VisionConfig, WeightSchedule
 from .budget import MemoryBudget, memory_budget, size
 from .build import RecipeLanes, build_lane, prefetch_depth
 from .estimate import TokenEstimate
-from .filters import FilterSpec, parse_filters
-from .fork import ForkLanes, ForkSpec, check_fork, fork_checkpoint, parse_fork
+from .filters import FilterSpec
+from .fork import ForkLanes, ForkSpec, check_fork, fork_checkpoint
 from .parse import parse_recipe
 from .phases import describe_phases
 from .prepare import Prepared, prepare, with_tokenizer
@@ -74,11 +74,11 @@ class Recipe:
         except RecursionError:
             raise RecipeError("recipe: it nests tables or lists too deeply to be a recipe") from None
         self.base_dir = os.path.abspath(base_dir)
-        self.spec: RecipeSpec = parse_recipe(_core(self.raw), self.base_dir)
+        self.spec: RecipeSpec = parse_recipe(self.raw, self.base_dir)
         #: the ``[[filters]]`` entries (:mod:`zephon.recipe.filters`), in order
-        self.filters: tuple[FilterSpec, ...] = parse_filters(self.raw.get("filters"), self.spec)
+        self.filters: tuple[FilterSpec, ...] = self.spec.filters
         #: the ``[fork]`` section (:mod:`zephon.recipe.fork`): the run this recipe continues, and from which step
-        self.fork: ForkSpec | None = parse_fork(self.raw.get("fork"), self.base_dir)
+        self.fork: ForkSpec | None = self.spec.fork
         self._parent: Recipe | None = None
         self._prepared: Prepared | None = None
         self._own_tokenizer: TextTokenizer | None = None
@@ -328,7 +328,7 @@ class Recipe:
 
     def _respec(self, data_version: int) -> RecipeSpec:
         """This recipe's spec under another data version (its own keys kept)."""
-        return parse_recipe(_core(self.raw) | {"data_version": data_version}, self.base_dir)
+        return parse_recipe(dict(self.raw) | {"data_version": data_version}, self.base_dir)
 
     def build_lane(self, ctx: LaneContext) -> BaseNode:
         """The pipeline of one lane (a torchdata node yielding micro-batches)."""
@@ -415,12 +415,3 @@ class Recipe:
             f"datasets=[{ds}], pack={s.pack.algorithm}, shuffle={s.shuffle.buffer}, "
             f"workers={self.workers.count} {self.workers.backend})"
         )
-
-
-#: the recipe sections read outside :func:`~zephon.recipe.parse.parse_recipe`
-OWN_SECTIONS = ("filters", "fork")
-
-
-def _core(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The recipe less the sections :class:`Recipe` reads itself (:data:`OWN_SECTIONS`)."""
-    return {k: v for k, v in raw.items() if k not in OWN_SECTIONS}

@@ -2,9 +2,8 @@
 choices and doc come from its :func:`~zephon.recipe.keys.key` declaration in
 :mod:`zephon.recipe.spec`, so the documentation cannot drift from what the parser accepts.
 
-``[[filters]]`` and ``[fork]`` are read by :class:`~zephon.recipe.Recipe` itself
-(:data:`~zephon.recipe.recipe.OWN_SECTIONS`); their keys come from the parsers' own tables
-(:mod:`zephon.recipe.filters`, :mod:`zephon.recipe.fork`) and their docs from :data:`OWN_DOCS`.
+``[[filters]]`` (one dataclass per kind) and ``[fork]`` are declared the same way, in
+:mod:`zephon.recipe.filterspec`; the filters' table says which kinds allow each key.
 
 The docs page is this module's output (``python -m zephon.recipe.reference --write
 docs/reference/recipe.md``); a test fails when a key has no doc or the page is stale.
@@ -20,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from . import filters as _filters
-from . import fork as _fork
-from .keys import LIMITS, Key, field_default, keys, meta
+from .filterspec import FILTER_TABLES, KINDS, ForkSpec, RuleTable
+from .keys import LIMITS, Key, field_default, keys, meta, spelled
 from .phases import BatchPhaseTable
 from .spec import (
     VERSIONED,
@@ -42,7 +41,7 @@ from .spec import (
     WorkersTable,
 )
 
-__all__ = ["OWN_DOCS", "REGENERATE", "SECTIONS", "main", "missing_docs", "reference"]
+__all__ = ["REGENERATE", "SECTIONS", "main", "missing_docs", "reference"]
 
 #: the one command that rewrites the committed page (named in the stale-page test's failure)
 REGENERATE = ".venv/bin/python -m zephon.recipe.reference --write docs/reference/recipe.md"
@@ -62,44 +61,27 @@ SECTIONS: Sequence[tuple[str, type, str]] = (
     ("[vision]", VisionTable, "image-text recipes: image preprocessing, budgets and placeholder tokens"),
 )
 
-#: docs of the keys of the sections :class:`~zephon.recipe.Recipe` parses itself (no ``key()``
-#: schema yet): ``(section, key) -> doc``
-OWN_DOCS: Mapping[tuple[str, str], str] = {
-    ("[[filters]]", "name"): "unique name; documents are counted under it (default: kind#N)",
-    ("[[filters]]", "kind"): "the kind of rule: " + " | ".join(_filters._KIND_KEYS),
-    ("[[filters]]", "datasets"): "the datasets the rule applies to (default: every dataset)",
-    ("[[filters]]", "unit"): 'length: "chars" or "tokens" (content tokens, no BOS/EOS)',
-    ("[[filters]]", "min"): "length, field: the smallest value kept (inclusive)",
-    ("[[filters]]", "max"): "length, field: the largest value kept (inclusive; optional)",
-    ("[[filters]]", "pattern"): "regex: a Python regular expression, re.search on the text, each match bounded in time",
-    ("[[filters]]", "action"): 'regex: "exclude" drops matching texts, "include" keeps only them',
-    ("[[filters]]", "field"): "field: the record's metadata field (a JSONL key, a Parquet/Arrow column)",
-    ("[[filters]]", "in"): "field: keep only records whose value is one of these",
-    ("[[filters]]", "not_in"): "field: drop records whose value is one of these",
-    ("[[filters]]", "function"): 'function, transform, stateful: "package.module:name", importable by every worker',
-    ("[[filters]]", "params"): "function, transform, stateful: keyword arguments of the call (or of the class)",
-    ("[fork]", "parent"): "the recipe the run was started with (relative to this file)",
-    ("[fork]", "step"): "the first global batch made under this recipe",
-    ("[fork]", "fingerprint"): "optional: the parent's fingerprint; refused if the parent or its data changed",
-}
+#: the sections read after the others (their rules need the rest of the recipe), after the table
+FORK = ("[fork]", ForkSpec, "continue a run under a changed recipe from a declared step")
 
 
-def _own_keys() -> dict[str, list[tuple[str, str]]]:
-    """The keys of ``[[filters]]`` (and the kinds that allow each) and ``[fork]``, read from the parsers."""
-    kinds: dict[str, list[str]] = {}
-    for kind, allowed in _filters._KIND_KEYS.items():
-        for k in allowed:
-            kinds.setdefault(k, []).append(kind)
-    rows = [("name", "every kind"), ("kind", "required"), ("datasets", "every kind")]
-    rows += [(k, ", ".join(ks)) for k, ks in kinds.items()]
-    return {"[[filters]]": rows, "[fork]": [(k, "") for k in _fork.FORK_KEYS]}
+def _filter_keys() -> list[tuple[str, type, dataclasses.Field, list[str]]]:
+    """The ``[[filters]]`` keys: (key, the class declaring it, its field, the kinds allowing it),
+    in the order the kinds' classes list them; a key two kinds declare apart is two rows."""
+    rows: dict[tuple[str, type], tuple[dataclasses.Field, list[str]]] = {}
+    for kind, cls in FILTER_TABLES.items():
+        for f in dataclasses.fields(cls):
+            owner = next(c for c in reversed(cls.__mro__) if f.name in inspect.get_annotations(c))
+            rows.setdefault((spelled(f), owner), (f, []))[1].append(kind)
+    return [(k, owner, f, kinds) for (k, owner), (f, kinds) in rows.items()]
 
 
 def missing_docs() -> list[str]:
     """Keys without a doc, as ``"section key"``: empty when the reference is complete."""
-    out = [f"{title} {name}" for title, cls, _ in SECTIONS for name in keys(cls) if not _doc(cls, name).strip()]
-    for title, rows in _own_keys().items():
-        out += [f"{title} {k}" for k, _ in rows if not OWN_DOCS.get((title, k), "").strip()]
+    out = [
+        f"{title} {name}" for title, cls, _ in (*SECTIONS, FORK) for name in keys(cls) if not _doc(cls, name).strip()
+    ]
+    out += [f"[[filters]] {k}" for k, owner, f, _ in _filter_keys() if not meta(owner, f.name).doc.strip()]
     return out
 
 
@@ -160,16 +142,31 @@ def _section(title: str, cls: type, what: str) -> list[str]:
     for name in keys(cls):
         if name not in fields:  # a table that fills this field (`also`), documented in its own section
             continue
-        k, annotation = meta(cls, name), str(fields[name].type)
-        if k.read == "table" and cls is RecipeSpec:  # a section of its own, below
+        if meta(cls, name).read == "table" and cls is RecipeSpec:  # a section of its own, below
             continue
-        if k.read in ("globs", "rgb", "table"):
-            kind = {"globs": "str \\| list of str", "rgb": "[r, g, b]", "table": "table"}[k.read]
-        else:
-            kind = _cell(annotation.replace(" | None", ""))
-        cells = [f"`{name}`", kind, _cell(_default(cls, name, k)), _bounds(k, annotation), _cell(k.doc)]
-        out.append("| " + " | ".join(cells) + " |")
+        out.append("| " + " | ".join(_cells(cls, fields[name])) + " |")
     return [*out, ""]
+
+
+def _type(k: Key, annotation: str) -> str:
+    if k.read in ("globs", "rgb", "table"):
+        return {"globs": "str \\| list of str", "rgb": "[r, g, b]", "table": "table"}[k.read]
+    shown = (
+        annotation.replace(" | None", "").replace("tuple[str, ...]", "list of str").replace("tuple[Any, ...]", "list")
+    )
+    return _cell(shown.replace("Mapping[str, Any]", "table"))
+
+
+def _cells(cls: type, f: dataclasses.Field) -> list[str]:
+    """A key's row: key, type, default, allowed values, doc."""
+    k, annotation = meta(cls, f.name), str(f.type)
+    return [
+        f"`{spelled(f)}`",
+        _type(k, annotation),
+        _cell(_default(cls, f.name, k)),
+        _bounds(k, annotation),
+        _cell(k.doc),
+    ]
 
 
 def reference() -> str:
@@ -191,27 +188,20 @@ def reference() -> str:
     out += [
         "## `[[filters]]`",
         "",
-        "One entry per rule, applied in recipe order (read by `zephon.recipe.filters`; see",
-        "[Filters and forks](../filters-and-forks.md)). Kinds: "
-        + ", ".join(f"`{k}`" for k in _filters._KIND_KEYS)
-        + ".",
+        "One entry per rule, applied in recipe order (`zephon.recipe.filterspec`, one class per kind; see",
+        "[Filters and forks](../filters-and-forks.md)). Kinds: " + ", ".join(f"`{k}`" for k in KINDS) + ".",
         "",
-        "| key | kinds | what it is for |",
-        "|---|---|---|",
+        "| key | kinds | type | default | allowed | what it is for |",
+        "|---|---|---|---|---|---|",
     ]
-    rows = _own_keys()
-    out += [f"| `{k}` | {kinds} | {_cell(OWN_DOCS.get(('[[filters]]', k), ''))} |" for k, kinds in rows["[[filters]]"]]
-    out += [
-        "",
-        "## `[fork]`",
-        "",
-        "Continue a run under a changed recipe from a declared step (read by `zephon.recipe.fork`; see",
-        "[Forks](../filters-and-forks.md#forks-continue-a-run-under-a-changed-recipe)).",
-        "",
-        "| key | what it is for |",
-        "|---|---|",
-    ]
-    out += [f"| `{k}` | {_cell(OWN_DOCS.get(('[fork]', k), ''))} |" for k, _ in rows["[fork]"]]
+    for _, owner, f, kinds in _filter_keys():
+        cells = _cells(owner, f)
+        out.append(
+            "| " + " | ".join([cells[0], "every kind" if owner is RuleTable else ", ".join(kinds), *cells[1:]]) + " |"
+        )
+    title, cls, what = FORK
+    out += ["", *_section(title, cls, what)[:-1]]
+    out += ["", "See [Forks](../filters-and-forks.md#forks-continue-a-run-under-a-changed-recipe)."]
     return "\n".join(out) + "\n"
 
 

@@ -67,6 +67,8 @@ __all__ = [
     "VISION_KEYS",
     "VISION_TOKENS",
     "DatasetSpec",
+    "FilterSpec",
+    "ForkSpec",
     "MixingSpec",
     "PackSpec",
     "PhaseTable",
@@ -421,6 +423,36 @@ class VisionSpec:
 
 
 @dataclass(frozen=True)
+class FilterSpec:
+    """One ``[[filters]]`` entry, validated (read by :mod:`zephon.recipe.filterspec`); ``code``
+    fingerprints a user function's code; ``sees`` is set only off its default (``"raw"``)."""
+
+    name: str
+    kind: str
+    datasets: tuple[str, ...] | None = None
+    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    function: str | None = None
+    code: str | None = None
+    sees: str | None = None
+
+    def definition(self) -> dict[str, Any]:
+        """What enters the data definition (and the fingerprint)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ForkSpec:
+    """The ``[fork]`` section (read by :mod:`zephon.recipe.filterspec`): the parent recipe's path,
+    the fork step, its expected fingerprint."""
+
+    parent: str = key(read="rule", doc="the recipe the run was started with (relative to this file)")
+    step: int = key(read="rule", doc="the first global batch made under this recipe (an integer >= 0)")
+    fingerprint: str | None = key(
+        None, doc="optional: the parent's fingerprint; refused if the parent or its data changed"
+    )
+
+
+@dataclass(frozen=True)
 class RecipeSpec:
     """A whole recipe, validated: everything that defines the data, plus performance settings
     (``workers``) that never change it."""
@@ -461,6 +493,9 @@ class RecipeSpec:
         hi=lambda: DATA_VERSION,
         doc="the version of zephon's data definition whose batches this recipe makes (default: the newest)",
     )
+    #: not in :meth:`data_definition`: :class:`~zephon.recipe.Recipe` adds them (a fork with its parent's fingerprint)
+    filters: tuple[FilterSpec, ...] = key((), read="table", doc="the [[filters]] entries")
+    fork: ForkSpec | None = key(None, read="table", doc="the [fork] table")
 
     @property
     def finite(self) -> bool:
