@@ -46,11 +46,12 @@ RULES: dict[str, dict] = {
     "length_chars": {"kind": "length", "unit": "chars", "max": 450},
     "length_tokens": {"kind": "length", "unit": "tokens", "max": 120},
     "regex": {"kind": "regex", "pattern": r"\bzebra\b", "action": "exclude"},
-    # planned: a chat rule sees the rendered conversation unless it says sees = "raw" (the record's JSON)
-    "regex_raw": {"kind": "regex", "pattern": r'"score": 0\.[0-2]', "action": "exclude", "sees": "raw"},
+    # a chat rule sees the rendered conversation unless it says sees = "raw" (the conversation's JSON)
+    # (the conversation's JSON: only it quotes a user message after its role)
+    "regex_raw": {"kind": "regex", "pattern": r'"role": "user", "content": "src0', "action": "exclude", "sees": "raw"},
     # ... so a rule for the rendered text matches the template's markup, never the record's JSON
     "regex_rendered": {"kind": "regex", "pattern": r"<\|im_start\|>user\nsrc0\b", "action": "exclude"},
-    # planned: an interleaved document's text segments are seen joined with "\n"
+    # an interleaved document's text segments are seen joined with "\n"
     "regex_joined": {"kind": "regex", "pattern": r"\nsrc\d", "action": "exclude"},
     # a rule naming only dataset "a" (issue 31: in a chat recipe even that one broke)
     "regex_a": {"kind": "regex", "pattern": r"\bzebra\b", "action": "exclude", "datasets": ["a"]},
@@ -61,7 +62,7 @@ RULES: dict[str, dict] = {
     "transform": {"kind": "transform", "function": "user_filters:upper"},
     # in a mix, a transform of the text dataset alone (the chat dataset keeps its structure)
     "transform_a": {"kind": "transform", "function": "user_filters:upper", "datasets": ["a"]},
-    # planned: every image of a sample within min_side..max_side pixels (decoded)
+    # every image of a sample within min_side..max_side pixels (decoded)
     "image_size": {"kind": "image_size", "min_side": 48},
 }
 

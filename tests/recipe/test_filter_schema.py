@@ -77,7 +77,7 @@ def test_definitions_are_what_they_always_were():
         ({"kind": "image_size", "min_side": "big"}, r"min_side must be an integer"),
         ({"kind": "image_size"}, r"needs min_side and/or max_side"),
         ({"kind": "image_size", "min_side": 64, "max_side": 32}, r"max_side = 32 is below min_side = 64"),
-        ({"kind": "image_size", "min_side": 64}, r"judges decoded images; dataset 'web' has none"),
+        ({"kind": "image_size", "min_side": 64}, r"judges decoded images, and dataset 'web' has no images"),
     ],
 )
 def test_filter_entries_are_read_by_the_schema(entry, message):
