@@ -166,7 +166,7 @@ def available_mod(mod: str) -> str | None:
 
 #: the packages whose versions a results file records
 BENCH_PACKAGES = (
-    "zephon",
+    "zephon-loader",  # the distribution (the import name is zephon)
     "grain",
     "torch",
     "torchdata",
