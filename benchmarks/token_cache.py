@@ -316,7 +316,7 @@ def main() -> None:
         print(json.dumps(one(a.one, a.root, a.steps, a.variant, a.seed)))
         return
     t0 = time.perf_counter()
-    meta = {"machine": machine(), "versions": versions(("zephon", "tokenizers", "numpy"))}
+    meta = {"machine": machine(), "versions": versions(("zephon-loader", "tokenizers", "numpy"))}
     root = corpus(SIZES[a.size]["mb"])
     lim = result(spawn("limit", root, 0))
     steps = max(2, int(SIZES[a.size]["share"] * lim["tokens"] / (LANES * (SEQ + 1))))
