@@ -438,6 +438,9 @@ def test_remote_pretokenized_files_without_a_cache_are_refused_naming_the_fix(s3
         index_tokens("mega", f"s3://{BUCKET}/pre/tok/m*.bin", "megatron")
     msg = str(e.value)
     assert "ZEPHON_SHARD_CACHE" in msg and "copy the files to a local disk" in msg and "s3://" in msg, msg
+    monkeypatch.setenv("ZEPHON_SHARD_CACHE", str(tmp_path / "node-cache"))
+    with pytest.raises(DataError, match="MDS datasets are read from local folders only"):  # not served yet
+        index_tokens("mds", f"s3://{BUCKET}/pre/mds", "mds")
 
 
 def test_pretokenized_files_through_the_cache_are_those_of_local_files(s3, tok_corpus, tmp_path):
