@@ -41,6 +41,14 @@ def _index_files(name: str, path: str | Sequence[str]) -> list[str]:
     entries = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     out: list[str] = []
     for e in map(os.fspath, entries):
+        if "://" in e and not e.startswith("file://"):
+            raise DataError(
+                "MDS datasets are read from local folders only (the node shard cache serves remote token files of "
+                'format = "tokens" and "megatron", not MDS yet)',
+                dataset=name,
+                file=e,
+                fix="Copy the MDS folders to a local disk and point path at them.",
+            )
         hits = sorted(glob.glob(e)) if any(c in e for c in "*?[") else [e]
         for h in hits:
             p = os.path.join(h, "index.json") if os.path.isdir(h) else h

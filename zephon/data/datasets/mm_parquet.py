@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BadRecord
+from .errors import BadRecord, DataError
 from .samples import ImageTextStore, MMRecord, image_header_size, value_crc
 
 __all__ = ["MMParquetReader"]
@@ -23,30 +23,49 @@ class MMParquetReader:
         self.ix = ix
 
     def _parquet(self, s: int) -> Any:
+        """Shard s as a ParquetFile: a remote shard's node-cache copy (opened by path, inside its
+        hold: an entry evicted later stays readable through the open file) where the cache takes it."""
         import pyarrow.parquet as pq
 
         sp = self.ix._specs[s]
         try:
-            # pages written with a CRC are verified: a corrupted page raises instead of being used
-            return pq.ParquetFile(sp.fs.open(sp.fspath, "rb"), page_checksum_verification=True)
+            with self.ix._local_copy(s) as copy:
+                # pages written with a CRC are verified: a corrupted page raises instead of being used
+                src = sp.fspath if sp.local else copy if copy is not None else sp.fs.open(sp.fspath, "rb")
+                return pq.ParquetFile(src, page_checksum_verification=True)
         except Exception as e:
-            if self.ix._transient(e):
+            if self.ix._transient(e) or isinstance(e, DataError):
                 raise  # retried by the caller
             raise self.ix._err(s, f"not a valid Parquet file: {e}", "Re-download or rewrite the file.") from None
 
     def _group(self, s: int, rg: int) -> Any:
         """Row group ``rg`` of shard s (its image and text columns), read with retries and
-        checked against its indexed CRC-32: a file changed since it was indexed is refused."""
+        checked against its indexed CRC-32: a corrupt node-cache copy is dropped and fetched
+        again, a file changed since it was indexed is refused."""
+        import pyarrow as pa
+
         ix = self.ix
+        want = int(ix._shard(s)["crcs"][rg])
+
+        def read() -> tuple[Any, int]:
+            try:
+                t = self._parquet(s).read_row_group(rg, columns=[ix.image_field, ix.text_field])
+            except (pa.ArrowException, OSError) as e:
+                if ix._transient(e) or ix._node_cache(s) is None:
+                    raise
+                return e, -1  # a page of the node-cache copy failed its CRC: the copy is dropped, read again
+            return t, _group_crc(t, ix.image_field, ix.text_field)
 
         def load() -> Any:
-            t = self._parquet(s).read_row_group(rg, columns=[ix.image_field, ix.text_field])
-            if _group_crc(t, ix.image_field, ix.text_field) != int(ix._shard(s)["crcs"][rg]):
+            t, crc = ix._intact(s, lambda: ix._retrying(s, "reading", read), lambda got: got[1] == want)
+            if isinstance(t, BaseException):
+                raise ix._err(s, f"cannot read row group {rg} ({t})", "Re-download or rewrite the file.")
+            if crc != want:
                 groups = ix._shard(s)["groups"]
                 raise ix._changed_error(s, f"row group {rg} (rows {int(groups[rg])}..{int(groups[rg + 1]) - 1})")
             return t
 
-        return ix._caches["groups"].get((s, rg), lambda: ix._retrying(s, "reading", load))
+        return ix._caches["groups"].get((s, rg), load)
 
     def _columns(self, s: int, pf: Any) -> tuple[str, str]:
         names = pf.schema_arrow.names

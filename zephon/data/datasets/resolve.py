@@ -99,6 +99,7 @@ class ShardSpec:
     compression: str | None
     size: int
     version: str
+    image_text: bool = False  # its remote version is the first of mtime / ETag (:func:`mm_shard_specs`)
 
 
 def _ext_info(path: str) -> tuple[str | None, str | None]:
@@ -159,6 +160,10 @@ def _version_of(info: dict) -> str:
                 v = v.timestamp()
             return f"{k}:{v}"
     return ""
+
+
+def _mm_version(info: dict) -> str:
+    return str(info.get("mtime") or info.get("ETag") or "")
 
 
 def default_cache_dir() -> str:
@@ -526,6 +531,8 @@ def stat_spec(sp: ShardSpec) -> tuple[int, str]:
         st = os.stat(sp.fspath)
         return st.st_size, str(st.st_mtime_ns)
     info = sp.fs.info(sp.fspath)
+    if sp.image_text:
+        return int(info.get("size") or -1), _mm_version(info)
     size = info.get("size")
     return (int(size) if size is not None else -1), _version_of(info)
 
@@ -584,7 +591,7 @@ def mm_shard_specs(files, same_file: str = "each") -> list[ShardSpec]:
             st = os.stat(fp)
             size, version = int(st.st_size), str(st.st_mtime_ns)
         else:
-            size, version = int(info.get("size") or -1), str(info.get("mtime") or info.get("ETag") or "")
-        by_display[disp] = ShardSpec(fs, fp, fs.unstrip_protocol(fp), disp, local, None, size, version)
+            size, version = int(info.get("size") or -1), _mm_version(info)
+        by_display[disp] = ShardSpec(fs, fp, fs.unstrip_protocol(fp), disp, local, None, size, version, True)
     out = [by_display[k] for k in sorted(by_display)]
     return _read_once(out) if same_file == "once" else out

@@ -17,6 +17,7 @@ from .cache import ShardStore
 from .errors import DataError
 from .resolve import ShardSpec
 from .retry import retried_io, transient
+from .shardcopy import NodeCopies
 
 __all__ = ["ImageTextStore", "MMRecord", "image_header_size", "value_crc"]
 
@@ -98,9 +99,10 @@ def image_header_size(data: bytes) -> tuple[int, int]:
         return 0, 0
 
 
-class ImageTextStore(ShardStore):
+class ImageTextStore(NodeCopies, ShardStore):
     """An image-text index as its format readers (:mod:`.wds`, :mod:`.mm_parquet`) see it: the
-    shard store, the dataset's fields, and errors naming the shard's file (the base of
+    shard store, the dataset's fields, errors naming the shard's file, and remote shards read from
+    their copies in the node shard cache (:class:`~.shardcopy.NodeCopies`; the base of
     :class:`~zephon.data.datasets.multimodal.MultimodalIndex`)."""
 
     kind: str
@@ -113,14 +115,13 @@ class ImageTextStore(ShardStore):
     _specs: list[ShardSpec]
     _arrays: dict[int, dict[str, np.ndarray]]
 
-    def _err(self, s: int, reason: str, fix: str, locator: str | None = None) -> DataError:
-        return DataError(reason, dataset=self.name, file=self._specs[s].display, locator=locator, fix=fix)
-
-    def _changed_error(self, s: int, locator: str) -> DataError:
-        """The bytes read for ``locator`` are not the ones indexed (their CRC-32 differs)."""
+    def _changed_error(self, s: int, locator: str | None = None, what: str | None = None) -> DataError:
+        """The bytes read for ``locator`` are not the ones indexed (their CRC-32 differs), or
+        ``what`` changed (a remote object downloaded into the node cache)."""
         return self._err(
             s,
-            "the bytes read are not the ones indexed: the file changed since it was indexed (its size and "
+            what
+            or "the bytes read are not the ones indexed: the file changed since it was indexed (its size and "
             "modification time may be unchanged, or the index cache is stale)",
             "Do not modify or replace shard files during a run; if it was replaced on purpose, restart so that "
             "it is indexed again (a checkpoint taken on the old content cannot resume on the new).",

@@ -10,11 +10,10 @@ a row group's text column) and :meth:`ShardFiles._verify` checks it on every rea
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -22,11 +21,11 @@ import numpy as np
 from ._scan import CompressionError, iter_decompressed
 from .cache import ShardStore
 from .errors import DataError
-from .nodecache import NodeCache, Sink, entry_key, node_cache
-from .resolve import ShardSpec, stat_spec
+from .resolve import ShardSpec
 from .retry import RangeIgnoredError, retried_io, transient
+from .shardcopy import NodeCopies, ShortBodyError, open_remote
 
-__all__ = ["ShardFiles"]
+__all__ = ["ShardFiles", "ShortBodyError"]
 
 T = TypeVar("T")
 
@@ -36,7 +35,7 @@ _GAP = 64 << 10
 _MAX_SPAN = 8 << 20
 
 
-class ShardFiles(ShardStore):
+class ShardFiles(NodeCopies, ShardStore):
     """A text index as its format readers see it: the shard store plus byte access to the shard
     files (the base of :class:`~zephon.data.datasets.index.DatasetIndex`)."""
 
@@ -45,32 +44,6 @@ class ShardFiles(ShardStore):
     #: an empty or whitespace-only text is data (a dataset's ``empty = "document"``), not a bad record
     empty_ok: bool = False
     _specs: list[ShardSpec]
-
-    def _err(self, s: int, reason: str, fix: str, locator: str | None = None) -> DataError:
-        return DataError(reason, dataset=self.name, file=self._specs[s].display, locator=locator, fix=fix)
-
-    def _io_error(self, s: int, e: OSError, doing: str) -> DataError:
-        disp = self._specs[s].display
-        if isinstance(e, FileNotFoundError):
-            return self._err(
-                s,
-                f"file not found while {doing} it",
-                "Check that the file was not moved or deleted; re-run indexing if the dataset changed.",
-            )
-        if isinstance(e, PermissionError):
-            return self._err(
-                s,
-                f"permission denied while {doing} it",
-                "Make the file readable by the user running "
-                f"the job (e.g. chmod a+r '{disp}'), or remove it from the dataset's path list in the recipe.",
-            )
-        if isinstance(e, IsADirectoryError):
-            return self._err(s, "is a directory, not a file", "Use a glob that matches only data files.")
-        return self._err(
-            s,
-            f"I/O error while {doing} it ({type(e).__name__}: {e})",
-            "Check that the storage is reachable and the file is intact, then retry.",
-        )
 
     def _cache_path(self, s: int) -> str | None:
         """Where shard s's metadata is cached (None: it is not; the index kinds say where)."""
@@ -114,67 +87,6 @@ class ShardFiles(ShardStore):
 
         return retried_io(fn, doing, lambda what, fix: self._err(s, what, fix), translate)
 
-    # -- the node-local shard cache (:mod:`.nodecache`) ----------------------------------------
-
-    def _node_cache(self, s: int) -> NodeCache | None:
-        """The shard cache that takes remote shard s (None: read it directly)."""
-        sp = self._specs[s]
-        if sp.local:
-            return None
-        cache = node_cache()
-        return cache if cache is not None and cache.takes(sp.version, sp.size) else None
-
-    def _download(self, s: int, sink: Sink) -> None:
-        """Shard s's whole object into ``sink`` (transient faults retried from the start), then
-        refused unless the object is still the version indexed (checked after the download: a
-        copy is never kept under a version it is not)."""
-        sp = self._specs[s]
-
-        def once() -> None:
-            sink.reset()
-            f = self._open(s, "downloading", stream=True, cached=False)
-            try:
-                while chunk := f.read(8 << 20):
-                    sink.write(chunk)
-                if sp.size > 0 and sink.written != sp.size:  # a well-formed answer that is not the object
-                    raise ShortBodyError(f"the body was {sink.written} bytes, not the object's {sp.size}")
-            except OSError as e:
-                if transient(e):
-                    raise
-                raise self._io_error(s, e, "downloading") from None
-            finally:
-                f.close()
-
-        self._retrying(s, "downloading", once)
-        sp.fs.invalidate_cache(sp.fspath)  # the listing cache would answer with the old version
-        size, version = self._retrying(s, "checking the version of", lambda: stat_spec(sp))
-        if (size, version) != (sp.size, sp.version) or sink.written != sp.size:
-            raise self._changed_error(s, what=f"the object changed since it was indexed (now {version or 'unknown'})")
-
-    @contextlib.contextmanager
-    def _local_copy(self, s: int) -> Iterator[str | None]:
-        """The path of remote shard s's copy in the node cache, held (not evicted) inside the
-        block; None for a local shard or where the cache does not take it."""
-        cache = self._node_cache(s)
-        if cache is None:
-            yield None
-            return
-        sp = self._specs[s]
-        with cache.hold(entry_key(sp.url, sp.version, sp.size), sp.size, lambda sink: self._download(s, sink)) as p:
-            yield p
-
-    def prefetch(self, shards: Iterable[int]) -> int:
-        """Download ``shards`` into the node cache in the background (download-ahead; at most
-        ``$ZEPHON_SHARD_AHEAD`` at a time): how many were started. Reads are unchanged."""
-        started = 0
-        for s in dict.fromkeys(int(x) for x in shards):
-            cache = self._node_cache(s)
-            if cache is None:
-                continue
-            sp = self._specs[s]
-            started += cache.prefetch(entry_key(sp.url, sp.version, sp.size), functools.partial(self._warm, s))
-        return started
-
     def _cat(self, s: int) -> bytes:
         """Remote shard s's whole bytes (from the node cache where it takes it)."""
         sp = self._specs[s]
@@ -184,30 +96,18 @@ class ShardFiles(ShardStore):
                     return f.read()
         return self._retrying(s, "reading", lambda: sp.fs.cat_file(sp.fspath))
 
-    def _warm(self, s: int) -> None:
-        with self._local_copy(s):
-            pass
-
     def _open(self, s: int, doing: str = "reading", stream: bool = False, cached: bool = True) -> Any:
         """Shard s's file; ``stream``: read once from the start (over HTTP: one plain GET, no
         Range requests). A remote shard comes from the node cache where it takes it."""
         sp = self._specs[s]
-        cache = self._node_cache(s) if cached else None
-        if cache is not None:
-            key = entry_key(sp.url, sp.version, sp.size)
-            f = cache.open(key, sp.size, lambda sink: self._download(s, sink))
-            if f is not None:
-                cache.count("bytes_read", sp.size)
-                return f
+        f = self._open_copy(s) if cached else None
+        if f is not None:
+            return f
+        if not sp.local:
+            return open_remote(sp, functools.partial(self._err, s), doing, stream)
         try:
-            if sp.local:
-                return open(sp.fspath, "rb")
-            if stream and "http" in sp.fs.protocol:
-                return sp.fs.open(sp.fspath, "rb", block_size=0, size=sp.size if sp.size > 0 else None)
-            return sp.fs.open(sp.fspath, "rb")
+            return open(sp.fspath, "rb")
         except OSError as e:
-            if transient(e):
-                raise
             raise self._io_error(s, e, doing) from None
 
     def _verified_ranges(
@@ -215,13 +115,8 @@ class ShardFiles(ShardStore):
     ) -> list[bytes]:
         """:meth:`_read_ranges`, checked against the indexed CRC-32s: bytes from a corrupt copy in
         the node cache drop the copy and are fetched again (one warning); then :meth:`_verify`."""
-        raws = self._read_ranges(s, offs, lens)
-        if list(map(zlib.crc32, raws)) != crcs.tolist():
-            cache = self._node_cache(s)
-            if cache is not None:
-                sp = self._specs[s]
-                cache.drop(entry_key(sp.url, sp.version, sp.size), sp.url)
-                raws = self._read_ranges(s, offs, lens)
+        want = crcs.tolist()
+        raws = self._intact(s, lambda: self._read_ranges(s, offs, lens), lambda got: list(map(zlib.crc32, got)) == want)
         self._verify(s, raws, crcs, locator)
         return raws
 
@@ -307,12 +202,8 @@ class ShardFiles(ShardStore):
         if sp.local:
             datas = self._pread(s, sp.fspath, groups, check=True)
         else:
-            cache = self._node_cache(s)
-            copied = None
-            if cache is not None:  # the CRCs the readers check still guard these bytes
-                key = entry_key(sp.url, sp.version, sp.size)
-                spans = [(g[0], g[1]) for g in groups]
-                copied = cache.read_ranges(key, sp.size, lambda sink: self._download(s, sink), spans)
+            # the CRCs the readers check still guard bytes from the node cache
+            copied = self._copy_ranges(s, [(g[0], g[1]) for g in groups])
             if copied is not None:
                 datas = copied
             else:
@@ -359,11 +250,6 @@ class ShardFiles(ShardStore):
             if len(d) > end - o:
                 raise RangeIgnoredError(f"it answered a request for bytes {o}..{end - 1} with {len(d)} bytes")
         return datas
-
-
-class ShortBodyError(ConnectionError):
-    """A remote object's body was shorter or longer than the object's size (a well-formed answer
-    that is not the whole object): retried as a transient fault, then refused naming the URL."""
 
 
 class _SizedBody:

@@ -14,7 +14,9 @@ whose records are integer arrays):
   byte pointers, document indices). A document is its sequences, which lie contiguously.
 
 A dataset's path names the token files (``data/*.npy``, ``data/*.bin``, a folder); the offset and
-index files beside them are found by name. Documents are delivered as stored: no BOS/EOS is
+index files beside them are found by name. Remote files (``s3://``, ``https://``, ...) are
+memory-mapped from their copies in the node shard cache (``$ZEPHON_SHARD_CACHE``,
+:mod:`.shardcopy`), and refused without one. Documents are delivered as stored: no BOS/EOS is
 added (Megatron's ``--append-eod`` data already ends each document with its EOD). A record's
 "bytes", what mixing by tokens weighs it by, are 4 per token (the int32 zephon holds), so token
 estimation is exact: 0.25 tokens per byte. Which tokenizer wrote the ids: the stored id width
@@ -32,6 +34,7 @@ the fetch (``zephon.nodes.FetchTokenize``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import struct
@@ -43,7 +46,9 @@ import numpy as np
 
 from .errors import BadRecord, DataError
 from .mds import mds_shards, write_mds
+from .nodecache import node_cache
 from .resolve import ShardMeta, resolve_files
+from .shardcopy import CopiedFiles
 
 __all__ = [
     "BYTES_PER_TOKEN",
@@ -80,10 +85,11 @@ def _fail(name: str, file: str, why: str, fix: str) -> DataError:
     return DataError(why, dataset=name, file=file, fix=fix)
 
 
-def _offsets(name: str, path: str, tokens: int) -> np.ndarray:
-    """The checked document offsets in ``path`` (``tokens``: the token file's id count, or -1)."""
+def _offsets(name: str, path: str, tokens: int, where: str | None = None) -> np.ndarray:
+    """The checked document offsets in ``path`` (read at ``where``, its local copy, if given;
+    ``tokens``: the token file's id count, or -1)."""
     try:
-        off = np.load(path, mmap_mode="r", allow_pickle=False)
+        off = np.load(where or path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as e:
         raise _fail(
             name, path, f"cannot read the document offsets ({e})", "Write NAME.offsets.npy beside each token file."
@@ -114,17 +120,35 @@ def out_of_vocab(ids: np.ndarray, vocab_size: int) -> str | None:
 
 
 class _Shard:
-    """One token file: its ids (memory-mapped, opened lazily per process) and document starts."""
+    """One token file: its ids (memory-mapped, opened lazily per process) and document starts.
+    ``copies``: a remote file's token file (0) and offsets or index file (1), read from their
+    copies in the node shard cache (:class:`~.shardcopy.CopiedFiles`; ``path`` is its URL)."""
 
     def __init__(
-        self, name: str, fmt: str, path: str, layout: tuple | None = None, bin_dtype: str | None = None
+        self,
+        name: str,
+        fmt: str,
+        path: str,
+        layout: tuple | None = None,
+        bin_dtype: str | None = None,
+        copies: CopiedFiles | None = None,
     ) -> None:
-        self.name, self.fmt, self.path, self.bin_dtype = name, fmt, path, bin_dtype
+        self.name, self.fmt, self.path, self.bin_dtype, self.copies = name, fmt, path, bin_dtype, copies
         self._raw: np.ndarray | None = None
+        self._held: Any = None  # the open node-cache copy that the map reads (held: not evicted)
         if layout is not None:  # MDS: laid out by .mds.mds_shards
             self.side, self.lo, self.n, self.dtype = layout
             return
         self.side = _stem(path) + (".offsets.npy" if fmt == "tokens" else ".idx")
+        self._where: dict[str, str] = {}  # where a remote file's local copy is, while it is parsed
+        if copies is not None:
+            with contextlib.ExitStack() as stack:
+                self._where[self.side] = stack.enter_context(copies.held(1))
+                if path.endswith(".npy"):  # its header says where the ids start (the file is downloaded)
+                    self._where[path] = stack.enter_context(copies.held(0))
+                self._parse()
+            self._where = {}
+            return
         for p in (path, self.side):
             if not os.path.isfile(p):
                 raise _fail(
@@ -136,8 +160,26 @@ class _Shard:
                     "Every NAME.npy / NAME.bin needs NAME.offsets.npy beside it (format tokens), "
                     "every Megatron NAME.bin its NAME.idx (format megatron).",
                 )
+        self._parse()
+
+    def _local(self, p: str) -> str:
+        return self._where.get(p, p)
+
+    def _size(self, p: str) -> int:
+        if self.copies is not None:
+            return self.copies._specs[0 if p == self.path else 1].size
+        return os.path.getsize(p)
+
+    def identity(self) -> tuple[int, str]:
+        """(size, version) of the token file and its offsets or index file together."""
+        if self.copies is not None:
+            tok, side = self.copies._specs
+            return tok.size, f"{tok.version} {side.version}"
+        return os.path.getsize(self.path), ":".join(str(os.stat(p).st_mtime_ns) for p in (self.path, self.side))
+
+    def _parse(self) -> None:
         self.base = 0  # the byte offset of the first id in the file (a .npy file's header)
-        starts, self.dtype = self._megatron() if fmt == "megatron" else self._tokens()
+        starts, self.dtype = self._megatron() if self.fmt == "megatron" else self._tokens()
         #: each document's first id (byte offset in the file) and id count
         self.lo = self.base + starts[:-1] * self.dtype.itemsize
         self.n = np.diff(starts)
@@ -146,9 +188,9 @@ class _Shard:
         if self.path.endswith(".npy"):
             ids = self._open_npy()
             self.base = int(getattr(ids, "offset", 0))
-            return _offsets(self.name, self.side, len(ids)), ids.dtype
-        off = _offsets(self.name, self.side, -1)
-        size, n = os.path.getsize(self.path), int(off[-1])
+            return _offsets(self.name, self.side, len(ids), self._local(self.side)), ids.dtype
+        off = _offsets(self.name, self.side, -1, self._local(self.side))
+        size, n = self._size(self.path), int(off[-1])
         width = size // n if n and size % n == 0 else 0
         if self.bin_dtype is None:
             guess = f" (its size suggests {_BIN_WIDTH[width]!r})" if width in _BIN_WIDTH else ""
@@ -170,7 +212,7 @@ class _Shard:
 
     def _megatron(self) -> tuple[np.ndarray, np.dtype]:
         fix = "Rebuild the .idx with Megatron's preprocess_data.py (or zephon.data.datasets.tokens.write_megatron)."
-        with open(self.side, "rb") as f:
+        with open(self._local(self.side), "rb") as f:
             head = f.read(34)
         if len(head) < 34 or head[:9] != MEGATRON_HEADER:
             raise _fail(self.name, self.side, "not a Megatron index (no MMIDIDX header)", fix)
@@ -179,9 +221,9 @@ class _Shard:
             raise _fail(self.name, self.side, f"unsupported index version {version} or dtype code {code}", fix)
         dtype = np.dtype(MEGATRON_DTYPES[code])
         need = 34 + seqs * 12 + docs * 8
-        if os.path.getsize(self.side) < need:
+        if self._size(self.side) < need:
             raise _fail(self.name, self.side, f"the index is cut short ({need} bytes expected)", fix)
-        raw = np.memmap(self.side, dtype=np.uint8, mode="r")
+        raw = np.memmap(self._local(self.side), dtype=np.uint8, mode="r")
         lengths = np.frombuffer(raw, np.int32, seqs, 34).astype(np.int64)
         pointers = np.frombuffer(raw, np.int64, seqs, 34 + seqs * 4)
         doc_idx = np.frombuffer(raw, np.int64, docs, 34 + seqs * 12)
@@ -192,14 +234,14 @@ class _Shard:
                 self.name, self.side, "its sequences are not contiguous or its document indices are inconsistent", fix
             )
         total = int(tok_start[-1] + lengths[-1]) if seqs else 0
-        if os.path.getsize(self.path) < total * dtype.itemsize:
+        if self._size(self.path) < total * dtype.itemsize:
             raise _fail(self.name, self.path, f"the .bin holds fewer than the {total} ids its .idx counts", fix)
         bounds = np.append(tok_start, total)
         return bounds[doc_idx], dtype
 
     def _open_npy(self) -> np.ndarray:
         try:
-            ids = np.load(self.path, mmap_mode="r", allow_pickle=False)
+            ids = np.load(self._local(self.path), mmap_mode="r", allow_pickle=False)
         except Exception as e:  # a corrupt header raises what numpy's parser meets (tokenize.TokenError...)
             why = " ".join(str(e).split())[:200] or type(e).__name__
             raise _fail(
@@ -220,11 +262,22 @@ class _Shard:
     def doc(self, i: int) -> np.ndarray:
         """Document ``i``'s ids: a view of the memory-mapped file (nothing is read until used)."""
         if self._raw is None:
-            self._raw = np.memmap(self.path, dtype=np.uint8, mode="r")
+            if self.copies is None:
+                self._raw = np.memmap(self.path, dtype=np.uint8, mode="r")
+            else:  # the copy in the node cache, held (not evicted) while it is mapped
+                self._held = self.copies.opened(0)
+                self._raw = np.memmap(self._held, dtype=np.uint8, mode="r")
         return np.frombuffer(self._raw, self.dtype, int(self.n[i]), int(self.lo[i]))
 
+    def close(self) -> None:
+        """Drop the map (documents already read stay readable)."""
+        self._raw = None
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_raw": None}
+        return {**self.__dict__, "_raw": None, "_held": None}
 
 
 class TokenIndex:
@@ -237,7 +290,7 @@ class TokenIndex:
     def __init__(self, name: str, fmt: str, shards: list[_Shard], max_record_bytes: int) -> None:
         self.name, self.format, self.max_record_bytes = name, fmt, int(max_record_bytes)
         self._shards = shards
-        self.shards = [ShardMeta(s.path, len(s.n), os.path.getsize(s.path), _version(s)) for s in shards]
+        self.shards = [ShardMeta(s.path, len(s.n), *s.identity()) for s in shards]
         self.num_records = sum(m.num_records for m in self.shards)
         h = hashlib.sha256(f"{fmt}\0".encode())
         for m in self.shards:
@@ -283,10 +336,21 @@ class TokenIndex:
             "tokens": int(sh.n[record]),
         }
 
+    def prefetch(self, shards: Iterable[int]) -> int:
+        """Download remote token files ``shards`` into the node cache in the background
+        (download-ahead): how many were started. Reads are unchanged."""
+        started = 0
+        for s in dict.fromkeys(int(x) for x in shards):
+            copies = self._shards[s].copies
+            if copies is not None:
+                started += copies.prefetch([0])
+        return started
+
     def close(self) -> None:
         """Drop the memory maps (a later read maps the files again)."""
-        for s in self._shards:
-            s._raw = None
+        with self._lock:
+            for s in self._shards:
+                s.close()
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_lock"}
@@ -297,10 +361,6 @@ class TokenIndex:
 
     def __repr__(self) -> str:
         return f"TokenIndex({self.name!r}, format={self.format!r}, shards={len(self.shards)}, documents={self.num_records})"
-
-
-def _version(s: _Shard) -> str:
-    return ":".join(str(os.stat(p).st_mtime_ns) for p in (s.path, s.side))
 
 
 def index_tokens(
@@ -315,8 +375,9 @@ def index_tokens(
 ) -> TokenIndex:
     """Index a pretokenized dataset (``format`` "tokens", "megatron" or "mds"): its token files,
     each with its offsets / index file (MDS: folders with ``index.json``; ``column`` names the
-    token column; ``dtype``: the id width of raw ``.bin`` files of format "tokens"). Local files
-    only (they are memory-mapped)."""
+    token column; ``dtype``: the id width of raw ``.bin`` files of format "tokens"). Files are
+    memory-mapped: a remote one (``s3://``, ``https://``, ...) is read from its copy in the node
+    shard cache (``$ZEPHON_SHARD_CACHE``; MDS datasets are local only)."""
     if format not in TOKEN_FORMATS:
         raise DataError(f"format {format!r} is not pretokenized", dataset=name, fix=f"Use one of {TOKEN_FORMATS}.")
     if format == "mds":
@@ -324,27 +385,38 @@ def index_tokens(
         return TokenIndex(name, format, shards, max_record_bytes)
     exts = (".npy", ".bin") if format == "tokens" else (".bin",)
     paths: list[str] = []
+    remote: dict[str, CopiedFiles] = {}  # URL -> the remote token file and its offsets / index file
     for fs, fp, _info, _forced in resolve_files(name, path, format):
-        if type(fs).__name__ != "LocalFileSystem":
-            raise DataError(
-                "pretokenized files are memory-mapped, so they must be local",
-                dataset=name,
-                file=fs.unstrip_protocol(fp),
-                fix="Copy the files to a local disk.",
-            )
-        if fp.endswith(exts) and not fp.endswith(".offsets.npy"):
+        if not fp.endswith(exts) or fp.endswith(".offsets.npy"):
+            continue
+        if type(fs).__name__ == "LocalFileSystem":
             paths.append(fp)
+            continue
+        url = fs.unstrip_protocol(fp)
+        if node_cache() is None:
+            raise DataError(
+                "pretokenized files are memory-mapped, so a remote one is read from a local copy, and no node "
+                "shard cache is set to hold it",
+                dataset=name,
+                file=url,
+                fix="Set $ZEPHON_SHARD_CACHE to a local folder with room (each remote file is downloaded there once "
+                "per node), or copy the files to a local disk.",
+            )
+        side = _stem(fp) + (".offsets.npy" if format == "tokens" else ".idx")
+        remote[url] = CopiedFiles.stat(name, fs, [fp, side])
     paths = sorted(set(paths))
     if same_file == "once":
         seen: set[str] = set()
         paths = [p for p in paths if not (os.path.realpath(p) in seen or seen.add(os.path.realpath(p)))]  # type: ignore[func-returns-value]
-    if not paths:
+    if not paths and not remote:
         raise DataError(
             f"no token files ({' or '.join(exts)}) at {path!r}",
             dataset=name,
             fix=f'Point path at the token files of format = "{format}".',
         )
-    return TokenIndex(name, format, [_Shard(name, format, p, bin_dtype=dtype) for p in paths], max_record_bytes)
+    shards = [_Shard(name, format, p, bin_dtype=dtype) for p in paths]
+    shards += [_Shard(name, format, u, bin_dtype=dtype, copies=c) for u, c in sorted(remote.items())]
+    return TokenIndex(name, format, sorted(shards, key=lambda sh: sh.path), max_record_bytes)
 
 
 def write_tokens(path: str, docs: Iterable[Sequence[int] | np.ndarray], dtype: str = "uint16") -> None:

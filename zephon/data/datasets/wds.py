@@ -10,6 +10,7 @@ damaged region) that reads back as a :class:`~zephon.data.datasets.errors.BadRec
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tarfile
@@ -55,6 +56,10 @@ TEXT_EXTS = ("txt", "json")
 _BLOCK = 512
 # what a damaged tar region is, in its record's BadRecord (the array "damage_kind")
 _GARBLED, _TRUNCATED, _TRAILING = 1, 2, 3
+
+
+def _crcs_are(want: list[int], got: list[bytes]) -> bool:
+    return list(map(zlib.crc32, got)) == want
 
 
 def _listed(exts: tuple[str, ...]) -> str:
@@ -137,7 +142,11 @@ class WdsReader:
         self.ix = ix
 
     def _open(self, s: int) -> Any:
+        """Shard s's file (a remote shard's node-cache copy where the cache takes it)."""
         sp = self.ix._specs[s]
+        f = self.ix._open_copy(s)
+        if f is not None:
+            return f
         try:
             return sp.fs.open(sp.fspath, "rb")
         except OSError as e:
@@ -164,25 +173,7 @@ class WdsReader:
             raise self._io_error(s, e) from None
 
     def _read_range(self, s: int, off: int, n: int) -> bytes:
-        sp = self.ix._specs[s]
-        if not sp.local:
-            data = self.ix._retrying(s, "reading", lambda: self._fetch(s, off, n))
-        else:
-            try:
-                st = os.stat(sp.fspath)
-                if st.st_size != sp.size or str(st.st_mtime_ns) != sp.version:
-                    raise self.ix._err(
-                        s,
-                        "the file changed since it was indexed",
-                        "Do not modify shard files during a run; restart so that it is re-indexed.",
-                    )
-                fd = os.open(sp.fspath, os.O_RDONLY)
-                try:
-                    data = os.pread(fd, n, off)
-                finally:
-                    os.close(fd)
-            except OSError as e:
-                raise self._io_error(s, e) from None
+        data = self._read_spans(s, [(off, n)])[0]
         if len(data) != n:
             raise self.ix._err(
                 s,
@@ -190,6 +181,31 @@ class WdsReader:
                 "Re-copy the shard, or restart so that it is re-indexed.",
             )
         return data
+
+    def _read_spans(self, s: int, spans: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes ``(offset, length)`` of each of ``spans`` in shard s: a local file checked
+        unchanged first, a remote one from its node-cache copy or by byte range."""
+        sp = self.ix._specs[s]
+        if not sp.local:
+            copied = self.ix._copy_ranges(s, [(o, o + n) for o, n in spans])
+            if copied is not None:
+                return copied
+            return [self.ix._retrying(s, "reading", functools.partial(self._fetch, s, o, n)) for o, n in spans]
+        try:
+            st = os.stat(sp.fspath)
+            if st.st_size != sp.size or str(st.st_mtime_ns) != sp.version:
+                raise self.ix._err(
+                    s,
+                    "the file changed since it was indexed",
+                    "Do not modify shard files during a run; restart so that it is re-indexed.",
+                )
+            fd = os.open(sp.fspath, os.O_RDONLY)
+            try:
+                return [os.pread(fd, n, o) for o, n in spans]
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise self._io_error(s, e) from None
 
     def _read_run(self, s: int, f: Any, pos: int, size: int, add: Callable[[Any], None]) -> tuple[int, bool]:
         """The members from byte ``pos`` until ``tarfile`` stops, each file member given to ``add``:
@@ -380,9 +396,11 @@ class WdsReader:
                     BadRecord(self.ix.name, disp, loc, f"the sample has an image but no caption ({_listed(TEXT_EXTS)})")
                 )
                 continue
-            img = self._read_range(s, int(a["img_off"][i]), int(a["img_len"][i]))
-            raw = self._read_range(s, int(a["txt_off"][i]), int(a["txt_len"][i]))
-            if zlib.crc32(img) != a["img_crc"][i] or zlib.crc32(raw) != a["txt_crc"][i]:
+            spans = [(int(a["img_off"][i]), int(a["img_len"][i])), (int(a["txt_off"][i]), int(a["txt_len"][i]))]
+            crcs = [int(a["img_crc"][i]), int(a["txt_crc"][i])]
+            got = self.ix._intact(s, functools.partial(self._read_spans, s, spans), functools.partial(_crcs_are, crcs))
+            img, raw = got
+            if not _crcs_are(crcs, got):
                 raise self.ix._changed_error(s, loc)
             try:
                 text = raw.decode("utf-8")
