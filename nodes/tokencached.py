@@ -14,13 +14,22 @@ import collections
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from zephon.data.datasets.tokencache import TokenCache, TokenEntry, cache_setting, shard_identity, token_cache, width_of
+from zephon.data.datasets.tokencache import (
+    BLOCK_RECORDS,
+    TokenCache,
+    TokenEntry,
+    cache_setting,
+    shard_identity,
+    token_cache,
+    width_of,
+)
 
 from .worksource import WorkItem
 
 __all__ = ["cache_places", "cache_setting", "through_cache"]
 
 Place = tuple[str, bytes]  # a block file and its frames' tag
+_UNKNOWN: Any = object()
 
 
 def cache_places(fetch: Any, cache: TokenCache, items: Sequence[WorkItem]) -> list[Place | None]:
@@ -31,12 +40,18 @@ def cache_places(fetch: Any, cache: TokenCache, items: Sequence[WorkItem]) -> li
     parts = TokenCache.settings_key(fetch.tokenizer.fingerprint, f"{fetch.split}|{align}|{fetch.part_search}")
     rewritten = fetch.rewritten  # datasets a transform rewrites: their texts are not the shards'
     out: list[Place | None] = []
+    # a chunk's items share a few blocks: each block's place (a digest) is computed once per call
+    known: dict[tuple[int, int, int, bool], Place | None] = {}
     for it in items:
-        if it.dataset in rewritten:  # a transform's text is not the shard's: not cached (user code may change)
-            out.append(None)
-            continue
-        shard = shard_identity(fetch.datasets[it.dataset], it.shard)
-        out.append(None if shard is None else cache.block_path(whole if it.parts <= 1 else parts, shard, it.record))
+        whole_doc = it.parts <= 1
+        k = (it.dataset, it.shard, it.record // BLOCK_RECORDS, whole_doc)
+        place = known.get(k, _UNKNOWN)
+        if place is _UNKNOWN:
+            shard = None if it.dataset in rewritten else shard_identity(fetch.datasets[it.dataset], it.shard)
+            # a transform's text is not the shard's: not cached (user code may change)
+            place = None if shard is None else cache.block_path(whole if whole_doc else parts, shard, it.record)
+            known[k] = place
+        out.append(place)
     return out
 
 

@@ -117,6 +117,7 @@ class RecordPipeline(ProcessLocal):
         # one call per distinct encoder: datasets sharing an encoder object are encoded together
         firsts: dict[int, int] = {}
         self._encoder_of = [firsts.setdefault(id(e), d) for d, e in enumerate(self.encoders)]
+        self._plain = not any(self._ruled) and len(set(self._encoder_of)) == 1
         ProcessLocal.__init__(self)
 
     # -- the rules -----------------------------------------------------------------------------
@@ -190,6 +191,8 @@ class RecordPipeline(ProcessLocal):
 
     # -- the batch function --------------------------------------------------------------------
     def __call__(self, items: list[WorkItem]) -> list[Any]:
+        if self._plain:  # no rules, one encoder: nothing per item to decide or group
+            return self.encoders[0](items, None)
         ruled = [it for it in items if self._ruled[it.dataset]]
         decided = self.decide(ruled) if ruled else {}
         out: list[Any] = [None] * len(items)
