@@ -33,7 +33,9 @@ def never_returns(x):
     return x
 
 if __name__ == "__main__":
-    m = OrderedMapper(RangeSource(20), never_returns, workers=WorkerConfig(2, sys.argv[1], timeout_s=2), chunk_size=1)
+    inline = sys.argv[1] == "inline"  # workers.count = 0: the consumer's own thread asks for each chunk
+    workers = WorkerConfig(0 if inline else 2, "thread" if inline else sys.argv[1], timeout_s=2)
+    m = OrderedMapper(RangeSource(20), never_returns, workers=workers, chunk_size=1)
     try:
         list(m)
     finally:
@@ -49,10 +51,11 @@ def run_script(tmp_path, code: str, *args: str, timeout: float = 120, **kw) -> s
     )
 
 
-@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("backend", ["thread", "process", "inline"])
 def test_a_call_that_never_returns_is_reported_naming_it_and_the_run_ends(tmp_path, backend):
     t0 = time.monotonic()
-    r = run_script(tmp_path, HUNG, backend, timeout=90)  # before: a thread worker's run never ended
+    # before: a thread worker's run never ended, nor an inline one (the call ran in the main thread)
+    r = run_script(tmp_path, HUNG, backend, timeout=90)
     took = time.monotonic() - t0
     errors = [line for line in r.stderr.splitlines() if line.startswith("zephon.engine.mapper.WorkerError")]
     assert r.returncode == 1 and len(errors) == 1, r.stderr
@@ -60,7 +63,9 @@ def test_a_call_that_never_returns_is_reported_naming_it_and_the_run_ends(tmp_pa
     assert "no result within 2 s from __main__.never_returns on the record 5 (source position 5)" in last, last
     # the line the call is stuck at: a thread's live stack, a process worker's dump on a signal
     assert f"stuck at {tmp_path / 'script.py'}:8 in never_returns" in last, last
-    if backend == "thread":  # the thread left behind, said once
+    if backend == "inline":
+        assert "(0 thread workers)" in last, last
+    elif backend == "thread":  # the thread left behind, said once
         assert "left to end with the process" in r.stderr, r.stderr
     else:
         assert "(worker process " in last and last.count("stuck at") == 1, last  # not the idle worker
