@@ -31,7 +31,7 @@ from typing import Any
 
 from .threadexec import ThreadExecutor
 
-__all__ = ["BoundedCaller", "CallTimeoutError", "thread_caller"]
+__all__ = ["BoundedCaller", "CallTimeoutError", "release_thread_caller", "thread_caller"]
 
 
 class CallTimeoutError(TimeoutError):
@@ -62,13 +62,20 @@ class BoundedCaller:
     def __init__(self, name: str = "zephon-bounded-call") -> None:
         self._name = name
         self._box: list[ThreadExecutor] = []  # the current executor, if started
+        self._last: cf.Future | None = None  # the last call submitted
         weakref.finalize(self, _shutdown, self._box)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
         """Start ``fn(*args)`` on the serving thread (after the calls submitted before)."""
         if not self._box:
             self._box.append(ThreadExecutor(1, self._name))
-        return self._box[0].submit(fn, *args)
+        self._last = self._box[0].submit(fn, *args)
+        return self._last
+
+    @property
+    def idle(self) -> bool:
+        """Whether no call submitted here is pending or running."""
+        return self._last is None or self._last.done()
 
     def abandon(self) -> str:
         """The serving thread is stuck in a call: leave it to end with the process (a daemon),
@@ -111,3 +118,12 @@ def thread_caller() -> BoundedCaller:
     if caller is None:
         caller = _LOCAL.caller = BoundedCaller("zephon-inline")
     return caller
+
+
+def release_thread_caller() -> None:
+    """End this thread's :func:`thread_caller` if it has one and it is idle (a closing inline
+    mapper calls it: no thread outlives the pipelines that used it; the next use starts one)."""
+    caller = getattr(_LOCAL, "caller", None)
+    if caller is not None and caller.idle:
+        _LOCAL.caller = None
+        caller.close()

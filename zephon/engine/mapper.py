@@ -27,7 +27,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from .bounded import BoundedCaller, thread_caller
+from .bounded import BoundedCaller, release_thread_caller, thread_caller
 from .node import ANCHOR, SINCE, PipelineError, StateError, ZNode, check_state_keys, state_int, state_node
 from .workers import WorkerConfig, WorkerPool
 
@@ -360,7 +360,8 @@ class OrderedMapper(ZNode[Any]):
             self._current = self._tasks.popleft()
             self._results = self._collect(self._current)
             self._pos = 0
-            self._fill()
+            if self.pool is not None:  # workers compute the next chunks meanwhile; inline, nothing
+                self._fill()  # would: its items are pulled when it is computed (no state changes)
         out = self._results[self._pos]
         self._results[self._pos] = None  # free memory early
         self._pos += 1
@@ -490,6 +491,8 @@ class OrderedMapper(ZNode[Any]):
 
     def _close_own(self) -> None:
         self._cancel_pending()
+        if self.pool is None:
+            release_thread_caller()  # the serving thread of inline chunks, when idle
         if self.pool is not None:
             self.pool.note_in_flight(-self.max_in_flight)
             if self._own_pool:
