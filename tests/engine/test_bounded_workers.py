@@ -19,6 +19,8 @@ import pytest
 
 from zephon.engine import WorkerConfig, WorkerPool
 from zephon.engine.mainguard import guarded
+from zephon.engine.procexec import ProcessExecutor
+from zephon.engine.workers import CLOSE_GRACE_S
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -208,3 +210,46 @@ def test_a_close_waits_for_a_thread_call_not_reported_hung(capfd):
     pool.close()  # a call not reported hung is waited for (up to timeout_s), not left behind
     assert fut.done() and fut.result() is None
     assert "left to end with the process" not in capfd.readouterr().err
+
+
+START_CUT = """
+import signal, sys, time
+from zephon.engine import WorkerConfig, WorkerPool
+
+class Stop(SystemExit):
+    pass
+
+def stop(*_):
+    raise Stop(143)
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGALRM, stop)
+    pool = WorkerPool(WorkerConfig(int(sys.argv[1]), "process"))
+    signal.setitimer(signal.ITIMER_REAL, float(sys.argv[2]))  # while the fork server starts
+    try:
+        for i in range(8):
+            pool.submit(abs, -i)
+        time.sleep(30)
+    except Stop:
+        t0 = time.monotonic()
+        pool.close()
+        print(f"closed in {time.monotonic() - t0:.2f} s", flush=True)
+"""
+
+
+def test_a_close_during_a_worker_start_does_not_wait_for_the_fork_server(tmp_path, monkeypatch):
+    """SIGTERM while the first worker starts: the start waits for the fork server, which imports
+    zephon before its first fork (seconds on a busy machine). The close waits for a start at
+    most CLOSE_GRACE_S (a forked process is listed within milliseconds), then stops the fork
+    server so that a start left behind forks nothing: no half-started worker prints a traceback
+    once this process is gone, and nothing is left running."""
+    waits = []
+    real = ProcessExecutor.wait_for_starts
+    monkeypatch.setattr(ProcessExecutor, "wait_for_starts", lambda self, *a: waits.append(a) or real(self, *a))
+    pool = WorkerPool(WorkerConfig(1, "process", shm_mb=0))
+    assert pool.submit(abs, -3).result(timeout=120) == 3
+    pool.close()
+    assert waits == [(CLOSE_GRACE_S,)], waits  # before: () (up to 60 s)
+    for delay in ("0.05", "0.6"):
+        r = run_script(tmp_path, START_CUT, "4", delay, timeout=120)
+        assert "Traceback" not in r.stderr and "closed in" in r.stdout, (r.stdout, r.stderr)

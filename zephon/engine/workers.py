@@ -422,7 +422,9 @@ class WorkerPool:
             return
         if isinstance(ex, cf.ProcessPoolExecutor):
             if isinstance(ex, ProcessExecutor):
-                ex.wait_for_starts()  # a start cut short by a signal: its process is then listed
+                # a start cut short by a signal lists its process within milliseconds once forked;
+                # one still waiting for the fork server is not waited for (it stops what it makes)
+                ex.wait_for_starts(CLOSE_GRACE_S)
             procs = list(getattr(ex, "_processes", {}).values())
             manager = getattr(ex, "_executor_manager_thread", None)
             results = getattr(ex, "_result_queue", None)
