@@ -36,6 +36,7 @@ next):
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -116,14 +117,41 @@ class BlockOrder:
         j = np.searchsorted(self.starts, f, side="right") - 1
         return self.order[j].astype(np.int64), f - self.starts[j]
 
-    def locate(self, p: int) -> tuple[int, int]:
-        """(shard, record) of one position (the scalar reference of :meth:`locate_many`).
+    def flat_one(self, p: int) -> int:
+        """:meth:`flat` of one position in plain Python integers (no numpy: where lanes
+        outnumber records, each record of a lane is in another epoch, so a lane locates its
+        records one at a time, and numpy's per-call overhead on one element was most of a cold
+        start's time)."""
+        L, B, K = self.lanes, self.block, OPEN_BLOCKS
+        lane, j = (p + self.a) % L, p // L
+        if j < self.full:
+            band, i = divmod(j, K * B)
+            v = self.perm[(band * K + i % K) * L + lane] * B + i // K
+        else:
+            a, ex = self.a, self.extra
+            left = self.per_lane - self.full
+            count = left + (1 if (lane - a) % L < ex else 0)
+            before = min(max(lane - a, 0), ex)
+            if a + ex > L:
+                before = min(max(lane - a, 0), L - a) + min(lane, a + ex - L)
+            s, o = (j - self.full) % K, (j - self.full) // K
+            q, r = divmod(count, K)
+            v = L * self.full + lane * left + before + s * q + min(s, r) + o
+        return (v + self.shift) % max(self.n, 1)
 
-        >>> BlockOrder(0, 0, [3, 5], 0, lanes=2, block=2).locate(0) in {(s, r) for s, n in enumerate([3, 5]) for r in range(n)}
+    def locate(self, p: int) -> tuple[int, int]:
+        """(shard, record) of one position: :meth:`locate_many` of one, in plain integers.
+
+        >>> o = BlockOrder(0, 0, [3, 5], 0, lanes=2, block=2)
+        >>> [o.locate(p) for p in range(8)] == list(zip(*(a.tolist() for a in o.locate_many(np.arange(8)))))
         True
         """
-        shards, records = self.locate_many(np.array([p], dtype=np.int64))
-        return int(shards[0]), int(records[0])
+        f = self.flat_one(int(p))
+        starts = self.__dict__.get("_starts_list")
+        if starts is None:
+            starts = self.__dict__["_starts_list"] = self.starts.tolist()
+        j = bisect.bisect_right(starts, f) - 1
+        return int(self.order[j]), f - starts[j]
 
 
 def expected_distinct(sizes: Sequence[int], n: int) -> float:

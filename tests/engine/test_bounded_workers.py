@@ -19,6 +19,8 @@ import pytest
 
 from zephon.engine import WorkerConfig, WorkerPool
 from zephon.engine.mainguard import guarded
+from zephon.engine.procexec import ProcessExecutor
+from zephon.engine.workers import CLOSE_GRACE_S
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +35,9 @@ def never_returns(x):
     return x
 
 if __name__ == "__main__":
-    m = OrderedMapper(RangeSource(20), never_returns, workers=WorkerConfig(2, sys.argv[1], timeout_s=2), chunk_size=1)
+    inline = sys.argv[1] == "inline"  # workers.count = 0: the consumer's own thread asks for each chunk
+    workers = WorkerConfig(0 if inline else 2, "thread" if inline else sys.argv[1], timeout_s=2)
+    m = OrderedMapper(RangeSource(20), never_returns, workers=workers, chunk_size=1)
     try:
         list(m)
     finally:
@@ -49,10 +53,11 @@ def run_script(tmp_path, code: str, *args: str, timeout: float = 120, **kw) -> s
     )
 
 
-@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("backend", ["thread", "process", "inline"])
 def test_a_call_that_never_returns_is_reported_naming_it_and_the_run_ends(tmp_path, backend):
     t0 = time.monotonic()
-    r = run_script(tmp_path, HUNG, backend, timeout=90)  # before: a thread worker's run never ended
+    # before: a thread worker's run never ended, nor an inline one (the call ran in the main thread)
+    r = run_script(tmp_path, HUNG, backend, timeout=90)
     took = time.monotonic() - t0
     errors = [line for line in r.stderr.splitlines() if line.startswith("zephon.engine.mapper.WorkerError")]
     assert r.returncode == 1 and len(errors) == 1, r.stderr
@@ -60,7 +65,9 @@ def test_a_call_that_never_returns_is_reported_naming_it_and_the_run_ends(tmp_pa
     assert "no result within 2 s from __main__.never_returns on the record 5 (source position 5)" in last, last
     # the line the call is stuck at: a thread's live stack, a process worker's dump on a signal
     assert f"stuck at {tmp_path / 'script.py'}:8 in never_returns" in last, last
-    if backend == "thread":  # the thread left behind, said once
+    if backend == "inline":
+        assert "(0 thread workers)" in last, last
+    elif backend == "thread":  # the thread left behind, said once
         assert "left to end with the process" in r.stderr, r.stderr
     else:
         assert "(worker process " in last and last.count("stuck at") == 1, last  # not the idle worker
@@ -203,3 +210,46 @@ def test_a_close_waits_for_a_thread_call_not_reported_hung(capfd):
     pool.close()  # a call not reported hung is waited for (up to timeout_s), not left behind
     assert fut.done() and fut.result() is None
     assert "left to end with the process" not in capfd.readouterr().err
+
+
+START_CUT = """
+import signal, sys, time
+from zephon.engine import WorkerConfig, WorkerPool
+
+class Stop(SystemExit):
+    pass
+
+def stop(*_):
+    raise Stop(143)
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGALRM, stop)
+    pool = WorkerPool(WorkerConfig(int(sys.argv[1]), "process"))
+    signal.setitimer(signal.ITIMER_REAL, float(sys.argv[2]))  # while the fork server starts
+    try:
+        for i in range(8):
+            pool.submit(abs, -i)
+        time.sleep(30)
+    except Stop:
+        t0 = time.monotonic()
+        pool.close()
+        print(f"closed in {time.monotonic() - t0:.2f} s", flush=True)
+"""
+
+
+def test_a_close_during_a_worker_start_does_not_wait_for_the_fork_server(tmp_path, monkeypatch):
+    """SIGTERM while the first worker starts: the start waits for the fork server, which imports
+    zephon before its first fork (seconds on a busy machine). The close waits for a start at
+    most CLOSE_GRACE_S (a forked process is listed within milliseconds), then stops the fork
+    server so that a start left behind forks nothing: no half-started worker prints a traceback
+    once this process is gone, and nothing is left running."""
+    waits = []
+    real = ProcessExecutor.wait_for_starts
+    monkeypatch.setattr(ProcessExecutor, "wait_for_starts", lambda self, *a: waits.append(a) or real(self, *a))
+    pool = WorkerPool(WorkerConfig(1, "process", shm_mb=0))
+    assert pool.submit(abs, -3).result(timeout=120) == 3
+    pool.close()
+    assert waits == [(CLOSE_GRACE_S,)], waits  # before: () (up to 60 s)
+    for delay in ("0.05", "0.6"):
+        r = run_script(tmp_path, START_CUT, "4", delay, timeout=120)
+        assert "Traceback" not in r.stderr and "closed in" in r.stdout, (r.stdout, r.stderr)

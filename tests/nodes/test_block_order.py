@@ -90,3 +90,36 @@ def test_every_record_once_per_epoch_across_lanes():
 def test_resume_at_every_step(policy, epochs):
     p = plan([45, 7, 130, 1], 3, 4, policy=policy, epochs=epochs)
     check_node(lambda: LaneWorkSource(p, 1), max_steps=400)
+
+
+@pytest.mark.parametrize("lanes", [1, 7, 64, 4096])
+def test_one_position_at_a_time_is_locate_many(lanes):
+    for case, sizes, _, block in itertools.islice(layouts(), 12):
+        n = sum(sizes)
+        order = BlockOrder(case, 1, sizes, 5, lanes=lanes, block=block)
+        shards, records = order.locate_many(np.arange(n))
+        assert [order.locate(p) for p in range(n)] == list(zip(shards.tolist(), records.tolist()))
+
+
+def test_lanes_far_above_the_records_locate_each_record_without_a_vector_call(monkeypatch):
+    """4,096 lanes over 3,000 records: each record of a lane is in another epoch, so a lane's
+    window of records held one position per epoch, and each took a vectorised ``locate_many``
+    call (numpy's overhead per one-element call was most of the cold start, lanes x records
+    drawn). They are located one at a time in plain integers: the same records, no vector call."""
+    p = plan([1000, 1000, 1000], 4096, 16)
+    lanes = range(0, 4096, 64)
+    want = {}
+    for lane in lanes:  # the reference: each position through locate_many
+        for k in range(6):
+            q = lane + k * 4096
+            e, pos = divmod(q, 3000)
+            sh, rec = p.epoch_order(0, e).locate_many(np.array([pos]))
+            want[lane, k] = (int(sh[0]), int(rec[0]), e)
+    calls = []
+    real = BlockOrder.locate_many
+    monkeypatch.setattr(BlockOrder, "locate_many", lambda self, ps: calls.append(len(ps)) or real(self, ps))
+    for lane in lanes:
+        src = p.lane(lane)
+        got = [next(src) for _ in range(6)]
+        assert [(it.shard, it.record, it.epoch) for it in got] == [want[lane, k] for k in range(6)]
+    assert calls == [], f"{len(calls)} locate_many calls for {len(lanes) * 6} records"

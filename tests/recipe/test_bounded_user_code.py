@@ -14,6 +14,7 @@ import regex
 
 from zephon import Recipe, WorkerConfig
 from zephon.data import BUNDLED_TOKENIZER
+from zephon.engine import WorkerError
 from zephon.nodes import FilterError, FilterRule
 from zephon.recipe import RecipeError
 
@@ -62,6 +63,31 @@ def test_a_fast_user_function_is_not_affected(tmp_path):
     r = Recipe.from_dict(raw, str(tmp_path))
     with r.global_loader(1, workers=WorkerConfig(0), prefetch=0) as g:
         assert len(list(g)) > 0
+
+
+def test_a_user_function_that_hangs_during_an_inline_run_is_reported_within_timeout_s(tmp_path):
+    """``[workers] count = 0``: the mapper asks for each chunk in the lane's own thread, and a
+    user function that never returns there is reported within ``timeout_s`` naming the record
+    and the line it is stuck at, as thread and process workers do (before: no error, the run
+    waited for the call; here it returns after 6 s and the run went on as if nothing happened)."""
+    import slow_user_code
+
+    raw = _raw(tmp_path, [{"name": "hang", "kind": "function", "function": "slow_user_code:hangs_when_set"}])
+    r = Recipe.from_dict(raw, str(tmp_path))
+    r.prepare()  # the pre-run checks pass: the function hangs only from here on
+    slow_user_code.HANG.set()
+    try:
+        with (
+            pytest.raises(WorkerError) as got,
+            r.global_loader(1, workers=WorkerConfig(0, timeout_s=1), prefetch=0) as g,
+        ):
+            next(g)
+    finally:
+        slow_user_code.HANG.clear()
+    msg = str(got.value)
+    assert "no result within 1 s from zephon.nodes.filters.FilteredTokenize on " in msg, msg
+    assert "dataset #0, shard #0, record " in msg, msg  # the record(s)
+    assert "slow_user_code.py" in msg and " in hangs_when_set" in msg, msg  # the function, by where it is stuck
 
 
 def test_catastrophic_backtracking_does_not_hang_estimation(tmp_path):

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import threading
 import time
+
+#: set by a test once the pre-run checks are done: :func:`hangs_when_set` then hangs
+HANG = threading.Event()
 
 
 def sleepy(text: str, seconds: float = 30.0, word: str = "record") -> bool:
     """A filter that sleeps ``seconds`` on texts holding ``word`` (all of a test corpus)."""
     if word in text:
+        time.sleep(seconds)
+    return True
+
+
+def hangs_when_set(text: str, seconds: float = 6.0) -> bool:
+    """A filter that passes the pre-run checks and then, once :data:`HANG` is set, sleeps
+    ``seconds`` on its next call (a call that, for a run bounded by less, never returns)."""
+    if HANG.is_set():
+        HANG.clear()
         time.sleep(seconds)
     return True
 

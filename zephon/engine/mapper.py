@@ -27,6 +27,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from .bounded import BoundedCaller, release_thread_caller, thread_caller
 from .node import ANCHOR, SINCE, PipelineError, StateError, ZNode, check_state_keys, state_int, state_node
 from .workers import WorkerConfig, WorkerPool
 
@@ -164,7 +165,7 @@ def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> 
         try:
             out = fn(list(items))
         except (KeyboardInterrupt, SystemExit):
-            raise  # inline (workers = 0) this is the main thread: Ctrl-C and SIGTERM end the run
+            raise  # not an error of the function's: it ends the run
         except BaseException as chunk_error:  # find the failing item by running them one at a time
             chunk_tb = traceback.format_exc()
             done: list[Any] = []
@@ -194,16 +195,43 @@ def _run_chunk(fn: Callable[..., Any], is_batch: bool, items: Sequence[Any]) -> 
 
 
 class _Deferred:
-    """Inline execution: computes when the result is asked for (workers=0)."""
+    """Inline execution (workers=0): the chunk starts when the consumer asks for it
+    (:meth:`start`), on the consumer thread's :func:`thread_caller`, and is waited for like a
+    pool's task, so a call that never returns is reported within ``timeout_s`` as a worker's is.
+
+    Why not in the consumer's own thread: nothing can stop a call there, so a user function that
+    never returns hung the run with no report. The consumer thread waits while its serving
+    thread computes (one serving thread per consumer thread, whatever the lanes): the chunks of
+    a lane still run one at a time, in order, and no result changes."""
 
     def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
         self._fn, self._args = fn, args
+        self._inner: cf.Future | None = None
+        self._caller: BoundedCaller | None = None
+
+    def start(self) -> None:
+        if self._inner is None:
+            self._caller = thread_caller()
+            self._inner = self._caller.submit(self._fn, *self._args)
+            self._fn, self._args = None, ()  # type: ignore[assignment]  # the serving thread holds them now
 
     def result(self, timeout: float | None = None) -> Any:
-        return self._fn(*self._args)
+        self.start()
+        assert self._inner is not None
+        return self._inner.result(timeout)
+
+    def done(self) -> bool:
+        return self._inner is not None and self._inner.done()
 
     def cancel(self) -> bool:
-        return True
+        return self._inner is None or self._inner.cancel()
+
+    def report_hung(self) -> str:
+        """Its call is past ``timeout_s``: leave the serving thread stuck in it (the consumer
+        thread's next chunk gets a fresh one); where it is stuck."""
+        if self._caller is None or self.done():
+            return ""
+        return self._caller.abandon()
 
 
 class _Task:
@@ -332,7 +360,8 @@ class OrderedMapper(ZNode[Any]):
             self._current = self._tasks.popleft()
             self._results = self._collect(self._current)
             self._pos = 0
-            self._fill()
+            if self.pool is not None:  # workers compute the next chunks meanwhile; inline, nothing
+                self._fill()  # would: its items are pulled when it is computed (no state changes)
         out = self._results[self._pos]
         self._results[self._pos] = None  # free memory early
         self._pos += 1
@@ -390,7 +419,8 @@ class OrderedMapper(ZNode[Any]):
         end with the process: see :meth:`WorkerPool.close`)."""
         n, first = len(task.items), describe_item(task.items[0])
         what = f"the record {first}" if n == 1 else f"the {n} records from {first} to {describe_item(task.items[-1])}"
-        stuck = self.pool.report_hung(task.future) if self.pool is not None else ""
+        fut = task.future
+        stuck = self.pool.report_hung(fut) if self.pool is not None else fut.report_hung()
         at = f"; the call is stuck at {stuck}" if stuck else ""
         return WorkerError(
             f"{self._where()}: no result within {self.workers.timeout_s:g} s from {_function_name(self.fn)} on "
@@ -432,6 +462,8 @@ class OrderedMapper(ZNode[Any]):
         t0 = time.perf_counter()
         if self.pool is not None:
             self.pool.demand(task.future)  # the consumer waits for it: run it next
+        else:
+            task.future.start()  # inline: computed now, on this thread's serving thread
         try:
             res = self._await(task)
             self._wait += time.perf_counter() - t0
@@ -459,6 +491,8 @@ class OrderedMapper(ZNode[Any]):
 
     def _close_own(self) -> None:
         self._cancel_pending()
+        if self.pool is None:
+            release_thread_caller()  # the serving thread of inline chunks, when idle
         if self.pool is not None:
             self.pool.note_in_flight(-self.max_in_flight)
             if self._own_pool:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +35,9 @@ class ProcessExecutor(cf.ProcessPoolExecutor):
         super().__init__(*args, **kwargs)
         self._starts: list[threading.Thread] = []
         self._starts_lock = threading.Lock()
+        self._left = False  # closed without waiting for the starts in progress
+        self._recording = _Recording(self._mp_context)
+        self._mp_context = self._recording  # type: ignore[assignment]
 
     def _spawn_process(self) -> None:
         done = threading.Event()
@@ -45,6 +50,10 @@ class ProcessExecutor(cf.ProcessPoolExecutor):
                 error.append(e)
             finally:
                 done.set()
+                proc = self._recording.made()
+                if self._left and proc is not None and proc.pid is not None:
+                    proc.kill()  # the pool closed while this start waited: stop what it started
+                    proc.join(5.0)
 
         t = threading.Thread(target=start, name="zephon-worker-start", daemon=True)
         with self._starts_lock:
@@ -56,12 +65,55 @@ class ProcessExecutor(cf.ProcessPoolExecutor):
             raise error[0]
 
     def wait_for_starts(self, timeout: float = 60.0) -> None:
-        """Wait (up to ``timeout`` seconds) for worker starts in progress to list their processes."""
+        """Wait (up to ``timeout`` seconds) for worker starts in progress to list their processes;
+        a start still in progress then is left to stop its process itself once it has one.
+
+        Why a bound: a start waits for the fork server, which imports zephon before its first
+        fork (seconds on a busy machine), and a close after SIGTERM waited for that (2-7 s) to
+        stop a process not yet made. Left, the start either never forks (once this process has
+        exited, the server sees the end of its pipe and exits without forking) or kills what it
+        started. The window in which a fork is done but the process not yet listed is
+        milliseconds, well inside the bound."""
         with self._starts_lock:
             starts, self._starts = self._starts, []
+            self._left = True
         deadline = time.monotonic() + timeout
         for t in starts:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in starts):
+            _stop_fork_server()
+
+
+class _Recording:
+    """A multiprocessing context that notes the process each thread made last (the executor's
+    own ``_spawn_process`` keeps it in a local; a start runs on a thread of its own)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+        self._local = threading.local()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+    def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 -- the context's own name
+        proc = self._local.process = self._ctx.Process(*args, **kwargs)
+        return proc
+
+    def made(self) -> Any:
+        """The process this thread made last, or None."""
+        return getattr(self._local, "process", None)
+
+
+def _stop_fork_server() -> None:
+    """Kill this interpreter's fork server (a start still waits for it: it has not forked the
+    process yet, or it would have been listed). Its connection then ends, so the start fails
+    and forks nothing that could outlive this process half-started (such a worker printed a
+    traceback, its queues gone); the next pool starts a new server."""
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def stop_processes(procs: Sequence[Any], grace_s: float) -> None:

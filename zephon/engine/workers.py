@@ -58,8 +58,10 @@ CLOSE_GRACE_S = 0.5
 class WorkerConfig:
     """How many workers an operator uses and of which kind. Never changes the data.
 
-    ``count=0`` runs the work inline in the consumer's thread. ``timeout_s`` bounds how long the
-    consumer waits for one task before it reports a hung worker. ``shm_mb`` (process workers):
+    ``count=0`` runs the work inline: one chunk at a time, asked for by the consumer's thread
+    (computed on a serving thread of its own, see :mod:`zephon.engine.bounded`, so that
+    ``timeout_s`` bounds it too). ``timeout_s`` bounds how long the consumer waits for one
+    task before it reports a hung worker. ``shm_mb`` (process workers):
     the shared-memory budget of each worker's result arena in MiB; None sizes it from the
     in-flight budget (see :mod:`zephon.engine.arena`), 0 turns arenas off (results pickled).
 
@@ -422,7 +424,9 @@ class WorkerPool:
             return
         if isinstance(ex, cf.ProcessPoolExecutor):
             if isinstance(ex, ProcessExecutor):
-                ex.wait_for_starts()  # a start cut short by a signal: its process is then listed
+                # a start cut short by a signal lists its process within milliseconds once forked;
+                # one still waiting for the fork server is not waited for (it stops what it makes)
+                ex.wait_for_starts(CLOSE_GRACE_S)
             procs = list(getattr(ex, "_processes", {}).values())
             manager = getattr(ex, "_executor_manager_thread", None)
             results = getattr(ex, "_result_queue", None)
