@@ -1,12 +1,13 @@
 """``[[filters]]``: a recipe's filters and transforms, checked, fingerprinted and prepared (the
 entries are read by the recipe schema: :mod:`zephon.recipe.filterspec`).
 
-Each entry is one rule of :class:`zephon.nodes.FilterChain` (applied in recipe order, to the
-datasets it names or to all)::
+Each entry is one rule of the recipe's :class:`zephon.nodes.RecordPipeline` (a
+:class:`zephon.nodes.stages.RuleStage`, applied in recipe order between the read and the
+encoders, to the datasets it names or to all)::
 
     [[filters]]
     name = "short"             # unique; documents are counted under it (default: kind + number)
-    kind = "length"            # length | regex | dedup | function | transform
+    kind = "length"            # length | regex | dedup | field | function | transform | stateful | stage | image_size
     datasets = ["web"]         # default: every dataset
     unit = "chars"             # length: "chars" or "tokens" (content tokens, no BOS/EOS)
     min = 200                  # length: bounds, inclusive (max optional)
