@@ -131,3 +131,16 @@ def test_committed_notebook_outputs_carry_no_machine_paths():
         "committed notebook outputs show machine paths; rerun `python scripts/run_notebooks.py` (it scrubs them):\n"
         + "\n".join(bad[:20])
     )
+
+
+def test_every_package_folder_is_in_the_distribution():
+    """A folder with an ``__init__.py`` under zephon/ or nodes/ that pyproject.toml does not list is
+    left out of a (non-editable) install: the base check would fail on a fresh clone."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(cfg["packages"])
+    found = set()
+    for name, folder in cfg["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((name, *rel)))
+    assert found - listed == set(), f"packages missing from pyproject.toml [tool.setuptools] packages: {found - listed}"
