@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from zephon.data.chatbounds import ChatTimeoutError
 from zephon.data.datasets import BadRecord, read_fields
 from zephon.engine import ProcessLocal
 
@@ -176,6 +177,11 @@ class RecordPipeline(ProcessLocal):
                     out.append(BadRecord(ix.name, where["file"], where["locator"], f"{e.reason} (filter rule)"))
                     continue
                 raise FilterError(str(e).replace("{record}", self.record_name(d, s, r))) from e.__cause__
+            except ChatTimeoutError as e:  # rendering a conversation for the rules: not a bad record
+                raise FilterError(
+                    f"rendering the conversation the [[filters]] judge, on {self.record_name(d, s, r)}: {e}; fix the "
+                    "chat template (or raise [workers] timeout_s)"
+                ) from None
             out.append(rec if verdict is None else verdict)
         return out
 
