@@ -85,7 +85,7 @@ def test_a_user_function_that_hangs_during_an_inline_run_is_reported_within_time
     finally:
         slow_user_code.HANG.clear()
     msg = str(got.value)
-    assert "no result within 1 s from zephon.nodes.filters.FilteredTokenize on " in msg, msg
+    assert "no result within 1 s from zephon.nodes.stages.pipeline.RecordPipeline on " in msg, msg
     assert "dataset #0, shard #0, record " in msg, msg  # the record(s)
     assert "slow_user_code.py" in msg and " in hangs_when_set" in msg, msg  # the function, by where it is stuck
 
