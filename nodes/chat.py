@@ -24,7 +24,6 @@ is refused unless splitting is allowed.
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -41,7 +40,7 @@ from .pack import Pack
 from .policy import ON_ERROR, skip_hint
 from .rows import IGNORE_INDEX
 from .stages.pipeline import UnviewableError
-from .worksource import WorkItem
+from .worksource import WorkItem, read_items
 
 __all__ = ["LONG", "ChatDoc", "ChatOptions", "ChatPack", "FetchChat", "fit_conversation"]
 
@@ -134,24 +133,12 @@ class FetchChat(ProcessLocal):
     def __call__(self, items: list[WorkItem], given: Mapping[tuple[int, int, int], Any] | None = None) -> list[Any]:
         """``items`` (of chat datasets) -> their :class:`ChatDoc` s; ``given``: records already
         read, by ``(dataset, shard, record)`` (the others are read here, grouped per shard)."""
-        out: list[Any] = [None] * len(items)
         other = [j for j, it in enumerate(items) if it.dataset not in self.renderers]
         if other:
             raise ValueError(
                 f"FetchChat encodes chat datasets only, not datasets {sorted({items[j].dataset for j in other})}"
             )
-        given = given or {}
-        todo = [j for j, it in enumerate(items) if (it.dataset, it.shard, it.record) not in given]
-        for j, it in enumerate(items):
-            rec = given.get((it.dataset, it.shard, it.record))
-            if rec is not None:
-                out[j] = self._one(it, rec)
-        order = sorted(todo, key=lambda j: (items[j].dataset, items[j].shard))
-        for (d, s), group in itertools.groupby(order, key=lambda j: (items[j].dataset, items[j].shard)):
-            idx = list(group)
-            for j, rec in zip(idx, self.datasets[d].read(s, [items[j].record for j in idx])):
-                out[j] = self._one(items[j], rec)
-        return out
+        return [self._one(it, rec) for it, rec in zip(items, read_items(self.datasets, items, given))]
 
     def conversation(self, d: int, value: str) -> dict[str, Any]:
         """Dataset ``d``'s record ``value`` (its JSON text) as a conversation (raises

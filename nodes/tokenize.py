@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -42,12 +41,11 @@ from zephon.engine import ProcessLocal
 
 from .policy import ON_ERROR, skip_hint
 from .tokencached import cache_setting, through_cache
-from .worksource import WorkItem
+from .worksource import WorkItem, read_items
 
 __all__ = ["SPLIT_MODES", "FetchTokenize", "TokDoc", "check_token_widths", "part_span"]
 
 Key = tuple[int, int, int]  # a record: (dataset, shard, record)
-_UNREAD = object()  # a record :meth:`FetchTokenize.read` was not given
 
 #: how a long document's parts are made (see the module doc): from its "text" or its "tokens"
 SPLIT_MODES = ("tokens", "text")
@@ -232,26 +230,12 @@ class FetchTokenize(ProcessLocal):
     def fetch(self, items: Sequence[WorkItem]) -> list[Any]:
         """Texts (or BadRecord) of ``items``, in order; one read per (dataset, shard) group (a
         record above its dataset's size limit is a BadRecord, and is not read)."""
-        out: list[Any] = [None] * len(items)
-        order = sorted(range(len(items)), key=lambda i: (items[i].dataset, items[i].shard))
-        for (d, s), group in itertools.groupby(order, key=lambda i: (items[i].dataset, items[i].shard)):
-            idx = list(group)
-            texts = self.datasets[d].read(s, [items[i].record for i in idx])
-            for i, t in zip(idx, texts):
-                out[i] = t
-        return out
+        return read_items(self.datasets, items)
 
     def read(self, items: Sequence[WorkItem], given: Mapping[Key, Any] | None = None) -> list[Any]:
         """Each item's record as :meth:`fetch` reads it, or as ``given`` holds it (by
         ``(dataset, shard, record)``: what the record pipeline read, a transform's new text)."""
-        if not given:
-            return self.fetch(items)
-        out = [given.get((it.dataset, it.shard, it.record), _UNREAD) for it in items]
-        missing = [j for j, v in enumerate(out) if v is _UNREAD]
-        if missing:
-            for j, v in zip(missing, self.fetch([items[j] for j in missing])):
-                out[j] = v
-        return out
+        return read_items(self.datasets, items, given)
 
     def __call__(self, items: list[WorkItem], given: Mapping[Key, Any] | None = None) -> list[TokDoc]:
         """``items -> [TokDoc]``, through the node's token cache if set; ``given``: see :meth:`read`."""

@@ -25,7 +25,6 @@ Bad images (:class:`zephon.nodes.images.ImageError`) follow the dataset's ``on_e
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -37,7 +36,7 @@ from zephon.engine import ProcessLocal
 from .images import ImageError, VisionConfig, preprocess_patches
 from .policy import skip_hint
 from .tokenize import FetchTokenize
-from .worksource import WorkItem
+from .worksource import WorkItem, read_items
 
 __all__ = [
     "SPECIAL_NAMES",
@@ -233,25 +232,11 @@ class FetchVision(ProcessLocal):
             raise ValueError(
                 f"FetchVision encodes image-text datasets only, not {sorted({items[i].dataset for i in text})}"
             )
-        mm_idx = list(range(len(items)))
-        if not mm_idx:
-            return []
-        given = given or {}
-        records: dict[int, Any] = {}
-        for i, it in enumerate(items):
-            got = given.get((it.dataset, it.shard, it.record))
-            if got is not None:
-                records[i] = got
-        order = sorted((i for i in mm_idx if i not in records), key=lambda i: (items[i].dataset, items[i].shard))
-        for (d, s), group in itertools.groupby(order, key=lambda i: (items[i].dataset, items[i].shard)):
-            idx = list(group)
-            for i, rec in zip(idx, self.datasets[d].read(s, [items[i].record for i in idx])):
-                records[i] = rec
+        records = read_items(self.datasets, items, given)
         # decode images, collect text segments (one tokenizer call for the chunk)
         texts: list[str] = []
         prepared: dict[int, list[Any]] = {}
-        for i in mm_idx:
-            it, rec = items[i], records[i]
+        for i, (it, rec) in enumerate(zip(items, records)):
             if isinstance(rec, BadRecord):
                 out[i] = self._bad(it, rec, rec.reason)
                 continue

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -42,7 +43,7 @@ from zephon.engine.seeding import stable_u64
 
 from .blockorder import BlockOrder
 
-__all__ = ["DatasetPlan", "LaneWorkSource", "WeightSchedule", "WorkItem", "WorkPlan"]
+__all__ = ["DatasetPlan", "LaneWorkSource", "WeightSchedule", "WorkItem", "WorkPlan", "read_items"]
 
 POLICIES = ("repeat", "stop")
 
@@ -536,3 +537,25 @@ class LaneWorkSource(ZNode[WorkItem]):
         self.phase_bytes[d] += share
         self.part[d] = i + 1 if i + 1 < parts else 0
         return WorkItem(d, shard, record, epoch, q, i, parts)
+
+
+def read_items(
+    datasets: Sequence[Any], items: Sequence[WorkItem], given: Mapping[tuple[int, int, int], Any] | None = None
+) -> list[Any]:
+    """Each item's record, in order: as ``given`` holds it (by ``(dataset, shard, record)``: what
+    the record pipeline read, a transform's new text), else read from ``datasets``, one read per
+    (dataset, shard) group: the one read path of every encoder."""
+    out: list[Any] = [None] * len(items)
+    todo = []
+    for i, it in enumerate(items):
+        got = given.get((it.dataset, it.shard, it.record)) if given else None
+        if got is None:
+            todo.append(i)
+        else:
+            out[i] = got
+    todo.sort(key=lambda i: (items[i].dataset, items[i].shard))
+    for (d, s), group in itertools.groupby(todo, key=lambda i: (items[i].dataset, items[i].shard)):
+        idx = list(group)
+        for i, rec in zip(idx, datasets[d].read(s, [items[i].record for i in idx])):
+            out[i] = rec
+    return out

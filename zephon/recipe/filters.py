@@ -103,7 +103,8 @@ def filter_rules(filters: Sequence[FilterSpec], spec: RecipeSpec) -> list[RuleSt
     """The record pipeline's rules for ``filters`` (dataset names as indices), each checked
     against the kinds of the datasets it applies to: a rule that cannot judge a dataset is
     refused with one line naming why (a text rule on stored token ids, a transform of a
-    conversation or an image-text sample)."""
+    conversation or an image-text sample; an ``image_size`` rule on a dataset without images is
+    refused by the schema, :mod:`zephon.recipe.filterspec`)."""
     index = {d.name: i for i, d in enumerate(spec.datasets)}
     timeout = spec.workers.for_stage("tokenize").timeout_s
     rules = [
@@ -146,8 +147,6 @@ def _check_applies(rule: RuleStage, ds: DatasetSpec) -> None:
             f"{where}: a transform rewrites plain text, and a {ds.kind} record is not plain text (its conversation "
             f'or sample would be lost); {fix} to text datasets, or use kind = "function" to filter it'
         )
-    if rule.kind == "image_size" and ds.kind in ("text", CHAT_KIND):
-        raise RecipeError(f"{where}: it has no images; {fix} to image-text datasets")
 
 
 def _sample(ix: Any, seed: int, d: int, k: int) -> list[tuple[int, int]]:
