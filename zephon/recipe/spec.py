@@ -108,7 +108,10 @@ COUNT = ("all", "loss")
 #: Version 5: token estimation weighs the sampled bad records' planned bytes with no tokens (BOS/EOS
 #: scaled by the share of good records), so a dataset whose bad records are skipped still realizes
 #: its weight (:func:`zephon.recipe.estimate.estimate_tokens` ``bad_weigh``).
-DATA_VERSION = 5
+#: Version 6: a chat template's own roles are accepted (Llama 3's ``ipython``; before, a bad record),
+#: and mixing by trained tokens (``[mixing] count = "loss"``) leaves image tokens out of every
+#: image dataset's weight (they are never trained on).
+DATA_VERSION = 6
 
 #: Settings whose default depends on the data version: ``(section class name, key) -> {first
 #: version: value}``, e.g. ``("PackSpec", "labels"): {2: "document"}``. The field's own default is
