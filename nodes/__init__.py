@@ -30,6 +30,7 @@ from .stages import Carried, FieldError, FilteredDoc, FilterRule, FilterVerdict,
 from .tokenize import SPLIT_MODES, FetchTokenize, TokDoc, check_token_widths, part_span
 from .userfn import STATEFUL_METHODS, FilterError, StatefulFunction, call_bound, call_user, resolve_function
 from .vision import FetchVision, LayoutSpan, MMDoc, sample_layout
+from .vlchat import FetchVisionChat
 from .worksource import POLICIES, DatasetPlan, LaneWorkSource, WeightSchedule, WorkItem, WorkPlan
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "FetchChat",
     "FetchTokenize",
     "FetchVision",
+    "FetchVisionChat",
     "FieldError",
     "FilterCounter",
     "FilterError",

@@ -60,6 +60,7 @@ class ChatDoc(NamedTuple):
     truncated: str | None = None
     offset: int = 0
     text_part: bool = False
+    cut: int = 0  # tokens a long policy cut from its end
 
     @property
     def provenance(self) -> str:
@@ -180,7 +181,7 @@ class FetchChat(ProcessLocal):
                 got, how = fit_conversation(enc.ids, enc.turns, opts, self.row_len)
                 if isinstance(got, str):
                     return ChatDoc(empty, d, it, got)
-                return ChatDoc(got[0], d, it, None, got[1], how)
+                return ChatDoc(got[0], d, it, None, got[1], how, cut=len(enc.ids) - len(got[0]))
         if self.on_error[d] == "raise":
             raise _error(rec, self.datasets[d].name)
         return ChatDoc(empty, d, it, f"{rec.reason} ({rec.locator})")

@@ -84,6 +84,21 @@ class VisionConfig:
         h, w = smart_resize(height, width, self.patch_size, self.merge_size, self.min_pixels, self.max_pixels)
         return w, h
 
+    def check(self) -> None:
+        """Refuse settings no image can meet: an image fits at least one merged patch, and
+        ``min_pixels <= max_pixels`` (ValueError naming the key and the fix)."""
+        factor = self.factor
+        if self.max_pixels < factor * factor:
+            raise ValueError(
+                f"[vision].max_pixels = {self.max_pixels} is below one merged patch ({factor}x{factor} = "
+                f"{factor * factor} pixels for patch_size {self.patch_size} x merge_size {self.merge_size}); "
+                "raise max_pixels"
+            )
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(
+                f"[vision].min_pixels = {self.min_pixels} is above max_pixels = {self.max_pixels}; lower min_pixels"
+            )
+
     def image_tokens(self, width: int, height: int) -> int:
         """Placeholder tokens of an image of this (oriented) size; 0 if unknown (0 x 0)."""
         if width <= 0 or height <= 0:

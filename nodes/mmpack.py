@@ -248,6 +248,21 @@ class MMPack(PackingMetrics, Accumulator):
             self.clear()
 
     # -- output -----------------------------------------------------------------------------
+    def _trained(self, r: int, used: int) -> np.ndarray | None:
+        """Row ``r``'s tokens that are targets (a chat document's ``mask``; every token of the
+        others), or None when no document of the row has a mask."""
+        segs = self._segs[r]
+        if all(getattr(doc, "mask", None) is None for doc, _, _ in segs):
+            return None
+        out = np.ones(used, dtype=bool)
+        pos = 0
+        for doc, lo, hi in segs:
+            m = getattr(doc, "mask", None)
+            if m is not None:
+                out[pos : pos + hi - lo] = m[lo:hi]
+            pos += hi - lo
+        return out
+
     def _emit(self) -> None:
         B, L = self.rows, self.row_len
         a = _blank(B, L, self.pad_id, self.mrope)
@@ -283,6 +298,9 @@ class MMPack(PackingMetrics, Accumulator):
                 lab = tokens[r, 1:used].copy()
                 if self.ignore_ids.size:
                     lab[np.isin(lab, self.ignore_ids)] = IGNORE_INDEX
+                trained = self._trained(r, used)
+                if trained is not None:  # chat: only the assistant tokens are targets
+                    lab[~trained[1:]] = IGNORE_INDEX
                 labels[r, : used - 1] = lab
             if self.labels == "document":  # no target crosses a sample boundary
                 mask_document_ends(labels[r], [hi - lo for _, lo, hi in self._segs[r]])

@@ -148,6 +148,7 @@ class MMDoc(NamedTuple):
     skipped: str | None = None
     offset: int = 0  # index of tokens[0] in the whole document's tokens (parts of long text documents)
     truncated: int = 0  # tokens cut from its end to fit a row (text after its last image; counted by MMPack)
+    mask: np.ndarray | None = None  # bool (n,): the tokens trained on as targets (chat); None: every one
 
     @property
     def num_images(self) -> int:

@@ -209,7 +209,7 @@ def test_special_tokens_in_content_and_failing_templates_are_refused(tmp_path):
 
 
 def test_templates_are_found_and_fingerprinted(tmp_path):
-    assert set(TEMPLATES) == {"chatml", "chatml_generation", "plain"}
+    assert set(TEMPLATES) == {"chatml", "chatml_generation", "plain", "chatml_vl", "chatml_vl_generation"}
     prints = {_renderer(n).fingerprint for n in ("chatml_generation", "chatml", "plain")}
     assert len(prints) == 3
     with pytest.raises(FileNotFoundError, match="neither a shipped template"):

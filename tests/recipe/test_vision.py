@@ -550,7 +550,7 @@ def test_dataset_kind_errors(root):
         Recipe.from_dict(cfg, root)
     cfg = vl_config(root)
     cfg["datasets"][3]["image_field"] = "img"
-    with pytest.raises(RecipeError, match="image_field only applies to image datasets"):
+    with pytest.raises(RecipeError, match="image_field only applies to datasets with images"):
         Recipe.from_dict(cfg, root)
     cfg = vl_config(root, tokenizer={"path": TOKENIZER_DIR})  # no vision tokens in it
     with pytest.raises(RecipeError, match="image_token = '<\\|image_pad\\|>' is not a token"):

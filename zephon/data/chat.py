@@ -98,6 +98,9 @@ TEMPLATES = {
     "chatml": os.path.join(_ASSETS, "chatml.jinja"),
     "chatml_generation": os.path.join(_ASSETS, "chatml_generation.jinja"),
     "plain": os.path.join(_ASSETS, "plain.jinja"),
+    # conversations with images (vision-language chat): image parts as Qwen-VL placeholders
+    "chatml_vl": os.path.join(_ASSETS, "chatml_vl.jinja"),
+    "chatml_vl_generation": os.path.join(_ASSETS, "chatml_vl_generation.jinja"),
 }
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 #: conversations with at most this many assistant turns are masked by rendering each prefix (a
@@ -169,18 +172,19 @@ def _roles_of(raw: list[Any], fmt: str) -> list[dict[str, Any]]:
     return out
 
 
-def _check_turns(msgs: list[dict[str, Any]]) -> None:
-    """System first only; then user, assistant (tool results after an assistant's tool calls)."""
+def _check_turns(msgs: list[dict[str, Any]], parts: bool = False) -> None:
+    """System first only; then user, assistant (tool results after an assistant's tool calls).
+    ``parts``: a content may be a list of content parts (checked by :mod:`.chatimages`)."""
     prev = None
     for i, m in enumerate(msgs):
         role = m["role"]
         content = m.get("content")
-        if isinstance(content, list):
+        if isinstance(content, list) and not parts:
             raise ConversationError(
-                f"message {i} ({role}) has a list of content blocks; text chat needs a string "
-                "(vision-language chat is not supported yet)"
+                f"message {i} ({role}) has a list of content blocks; text chat needs a string (a dataset whose "
+                "conversations hold images sets image_field: vision-language chat)"
             )
-        if content is not None and not isinstance(content, str):
+        if content is not None and not isinstance(content, (str, list) if parts else str):
             raise ConversationError(f"message {i} ({role}) content is {type(content).__name__}, not a string")
         if content is None and not (role == "assistant" and m.get("tool_calls")):
             raise ConversationError(f"message {i} ({role}) has no content")
@@ -198,11 +202,14 @@ def _check_turns(msgs: list[dict[str, Any]]) -> None:
         raise ConversationError("the conversation has no assistant turn (nothing to train on)")
 
 
-def parse_conversation(value: Any, fmt: str = "messages", system_prompt: str | None = None) -> dict[str, Any]:
+def parse_conversation(
+    value: Any, fmt: str = "messages", system_prompt: str | None = None, *, parts: bool = False
+) -> dict[str, Any]:
     """``{"messages": [...], "tools": [...] | None}`` from a record's value (a list of messages,
     a JSON text of one, or an object with ``messages`` / ``conversations`` and ``tools``),
     checked: known roles, alternating turns, at least one assistant turn. ``system_prompt`` is
-    put first when the conversation has no system message.
+    put first when the conversation has no system message. ``parts``: contents may be lists of
+    content parts (vision-language chat: :func:`zephon.data.chatimages.parse_vl_conversation`).
 
     >>> parse_conversation([{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}], "sharegpt")["messages"]
     [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'yo'}]
@@ -225,7 +232,7 @@ def parse_conversation(value: Any, fmt: str = "messages", system_prompt: str | N
     msgs = _roles_of(value, fmt)
     if system_prompt is not None and msgs[0]["role"] != "system":
         msgs.insert(0, {"role": "system", "content": system_prompt})
-    _check_turns(msgs)
+    _check_turns(msgs, parts)
     return {"messages": msgs, "tools": tools or None}
 
 

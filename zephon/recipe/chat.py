@@ -20,7 +20,9 @@ import numpy as np
 from zephon.data import ChatRenderer, ConversationError, ShardIndex
 from zephon.data.chat import load_chat_template, parse_conversation
 from zephon.data.chatbounds import ChatTimeoutError
-from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, fit_conversation
+from zephon.data.chatimages import parse_vl_conversation
+from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, FetchVisionChat, fit_conversation
+from zephon.nodes.vlchat import expand_placeholders
 
 from .estimate import planned_bytes
 from .spec import CHAT_KIND, COUNT, RecipeError, RecipeSpec
@@ -33,6 +35,7 @@ __all__ = [
     "estimate_chat",
     "realized_shares",
     "templates_digest",
+    "vl_chat_encoder",
 ]
 
 #: the dataset keys of chat datasets only
@@ -40,13 +43,15 @@ CHAT_KEYS = ("chat_template", "chat_format", "loss_on", "long", "system_prompt")
 
 
 def check_chat(spec: RecipeSpec) -> None:
-    """Chat datasets mix with text, not with images; the packer keeps a conversation in one row
-    (first_fit / best_fit) unless its dataset allows splitting (``long = "split"``)."""
+    """The packer keeps a conversation in one row (first_fit / best_fit) unless its dataset allows
+    splitting (``long = "split"``); a conversation with images is never split (its images would
+    be cut from their context)."""
     chat = [s for s in spec.datasets if s.kind == CHAT_KIND]
-    if chat and spec.multimodal:
+    split = [s.name for s in chat if s.has_images and s.long == "split"]
+    if split:
         raise RecipeError(
-            f"recipe: chat dataset {chat[0].name!r} cannot be mixed with image datasets yet (vision-language chat "
-            "is not supported); mix chat with text datasets only"
+            f'recipe: dataset {split[0]!r}: long = "split" would cut a conversation with images across rows; '
+            'use "drop", "truncate" or "truncate_turns"'
         )
     whole = [s.name for s in chat if s.long != "split"]
     if whole and spec.pack.algorithm == "greedy":
@@ -90,25 +95,36 @@ def templates_digest(spec: RecipeSpec, renderers: Mapping[int, ChatRenderer] | N
 
 
 def estimate_chat(
-    spec: RecipeSpec, d: int, index: ShardIndex, renderer: ChatRenderer, sampler: Callable[..., Any]
+    spec: RecipeSpec,
+    d: int,
+    index: ShardIndex,
+    renderer: ChatRenderer,
+    sampler: Callable[..., Any],
+    special: Mapping[str, int] | None = None,
 ) -> tuple[float, float, int, dict[str, tuple[int, str]]]:
     """A chat dataset's token estimate ``(tokens per record byte, 0 per record, conversations
     measured, bad ones by reason)`` on the seeded sample ``sampler`` draws (the one text datasets
     are measured on); tokens are all rendered ones or the "loss" ones (``[mixing] count``), as the
     run delivers them under the dataset's ``long`` policy (a dropped conversation weighs its bytes
     with no tokens, so the plan draws more conversations to make the dataset's share; from data
-    version 5 a bad one does too: skipped under ``on_error = "skip"``, it delivers nothing)."""
+    version 5 a bad one does too: skipped under ``on_error = "skip"``, it delivers nothing).
+    ``special``: the vision token ids, for a dataset whose conversations hold images."""
     opts = _options(spec)[d]
     sample = sampler(index, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=d)
     tokens = nbytes = records = 0
     bad: dict[str, tuple[int, str]] = {}
+    images = _ImageRuns(spec, index, special or {}) if spec.datasets[d].has_images else None
     for s, local in sample:
         sizes = index.record_bytes(s)
         for r, rec in zip(local, index.read(s, local)):
             try:
-                if not isinstance(rec, str):
-                    raise ConversationError(str(getattr(rec, "reason", rec)))
-                enc = renderer.encode(parse_conversation(rec, opts.format, opts.system_prompt))
+                if images is not None:
+                    got = images.fit(renderer, opts, rec, s, r)
+                else:
+                    if not isinstance(rec, str):
+                        raise ConversationError(str(getattr(rec, "reason", rec)))
+                    enc = renderer.encode(parse_conversation(rec, opts.format, opts.system_prompt))
+                    got, _ = fit_conversation(enc.ids, enc.turns, opts, spec.seq_len + 1)  # what the run delivers
             except ChatTimeoutError as e:  # not a bad record: whether it happens depends on the machine
                 where = index.locate(s, r)
                 raise RecipeError(
@@ -119,7 +135,6 @@ def estimate_chat(
                 bad[key] = (bad.get(key, (0, ""))[0] + 1, str(e))
                 nbytes += planned_bytes(index, int(sizes[r])) if spec.data_version >= 5 else 0
                 continue
-            got, _ = fit_conversation(enc.ids, enc.turns, opts, spec.seq_len + 1)  # what the run delivers
             if not isinstance(got, str):  # a dropped one delivers nothing
                 tokens += len(got[0]) if spec.mixing.count == "all" else int(got[1].sum())
             nbytes += int(sizes[r])
@@ -127,10 +142,56 @@ def estimate_chat(
     return (max(tokens, 1) / nbytes if nbytes else 1.0), 0.0, records, bad
 
 
+class _ImageRuns:
+    """A conversation with images as the estimate counts it: rendered, each placeholder expanded
+    to its image's run (from the indexed image sizes: nothing decoded), fit to a row; its text
+    tokens are those the plan weighs by bytes (the image blocks, ``<|vision_start|>`` and
+    ``<|vision_end|>`` included, are added per record from the sizes, see ``record_weights``)."""
+
+    def __init__(self, spec: RecipeSpec, index: Any, special: Mapping[str, int]) -> None:
+        self.spec, self.index = spec, index
+        self.vision = spec.vision.config
+        self.special = {k: special[k] for k in ("image", "vision_start", "vision_end")}
+
+    def fit(self, renderer: ChatRenderer, opts: ChatOptions, rec: Any, s: int, r: int) -> Any:
+        if not hasattr(rec, "segments"):
+            raise ConversationError(str(getattr(rec, "reason", rec)))
+        conv = parse_vl_conversation(rec.segments[0], opts.format, opts.system_prompt)
+        if conv["images"] != len(rec.segments) - 1:
+            raise ConversationError("the conversation shows another number of images than its record holds")
+        enc = renderer.encode(conv)
+        n_img, ws, hs = self.index.image_sizes(s)
+        first = int(np.sum(n_img[:r]))
+        pads = np.flatnonzero(enc.ids == self.special["image"])
+        runs = [self.vision.image_tokens(int(ws[first + j]), int(hs[first + j])) for j in range(len(pads))]
+        ids, turns = expand_placeholders(enc.ids, pads, runs, enc.turns)
+        got, _ = fit_conversation(ids, turns, opts, self.spec.seq_len + 1)
+        if isinstance(got, str):
+            return got
+        vision = np.isin(got[0], list(self.special.values()))
+        return got[0][~vision], got[1][~vision]
+
+
 def chat_encoder(spec: RecipeSpec, indexes: Sequence[ShardIndex], renderers: Mapping[int, ChatRenderer]) -> FetchChat:
-    """The encoder of a recipe's chat datasets (its record pipeline's, beside the text one)."""
+    """The encoder of a recipe's text chat datasets (its record pipeline's, beside the text one)."""
+    text = {d: r for d, r in renderers.items() if not spec.datasets[d].has_images}
     return FetchChat(
-        indexes, renderers, _options(spec), row_len=spec.seq_len + 1, on_error=[s.on_error for s in spec.datasets]
+        indexes, text, _options(spec), row_len=spec.seq_len + 1, on_error=[s.on_error for s in spec.datasets]
+    )
+
+
+def vl_chat_encoder(
+    spec: RecipeSpec, indexes: Sequence[ShardIndex], renderers: Mapping[int, ChatRenderer], special: Mapping[str, int]
+) -> FetchVisionChat:
+    """The encoder of a recipe's chat datasets whose conversations hold images."""
+    return FetchVisionChat(
+        indexes,
+        {d: r for d, r in renderers.items() if spec.datasets[d].has_images},
+        _options(spec),
+        spec.vision.config,
+        special,
+        row_len=spec.seq_len + 1,
+        on_error=[s.on_error for s in spec.datasets],
     )
 
 

@@ -393,7 +393,10 @@ def _vision(given: Mapping[str, Any]) -> VisionSpec:
     """The ``[vision]`` section (read): image preprocessing, budgets and placeholder tokens."""
     table = VisionTable(**given)
     config = VisionConfig(**{f.name: getattr(table, f.name) for f in dataclasses.fields(VisionConfig)})
-    _rule_pixels(config)
+    try:
+        config.check()
+    except ValueError as e:
+        raise RecipeError(f"recipe: {e}") from None
     return VisionSpec(config=config, tokens={name: getattr(table, f"{name}_token") for name in VISION_TOKENS})
 
 
@@ -528,8 +531,8 @@ def _rule_dataset_keys(d: Mapping[str, Any], gates: DatasetSpec, where: str) -> 
         raise RecipeError(f'recipe: {where}: max_skipped / max_skipped_fraction only apply with on_error = "skip"')
     if gates.kind == "text" and "image_field" in d:
         raise RecipeError(
-            f'recipe: {where}.image_field only applies to image datasets; set kind = "image_text" '
-            'or "interleaved", or remove image_field'
+            f'recipe: {where}.image_field only applies to datasets with images; set kind = "image_text", '
+            '"interleaved" or "chat" (conversations with images), or remove image_field'
         )
     if gates.kind != "text" and "text_mode" in d:
         raise RecipeError(f'recipe: {where}.text_mode only applies to kind = "text"; remove it')
@@ -555,8 +558,14 @@ def _rule_dataset(given: dict[str, Any], where: str) -> dict[str, Any]:
         _str(f"{where}.", "format", d.format, ("auto", *FORMATS, *TOKEN_FORMATS))
         return given
     if d.kind == CHAT_KIND:  # conversations: a field's value read as JSON from JSONL, Parquet or Arrow
-        _str(f"{where}.", "format", d.format, ("auto", "jsonl", "parquet", "arrow"))
-        return {"text_field": "conversations" if d.chat_format == "sharegpt" else "messages"} | given
+        _str(f"{where}.", "format", d.format, ("auto", "jsonl", "parquet", "arrow", "wds"))
+        out = {"text_field": "conversations" if d.chat_format == "sharegpt" else "messages"} | given
+        paths = d.path if isinstance(d.path, (list, tuple)) else [d.path]
+        if d.format == "wds" or (d.format == "auto" and any(str(p).endswith(".tar") for p in paths)):
+            out.setdefault("image_field", "images")  # a WebDataset sample's images: its image members
+        if "image_field" in out and d.format == "arrow":
+            raise RecipeError(f"recipe: {where}: conversations with images are read from jsonl, parquet or wds files")
+        return out
     _str(f"{where}.", "format", d.format, ("auto", *MM_FORMATS))
     images = d.kind == "interleaved"
     return {"text_field": "texts" if images else "caption", "image_field": "images" if images else "image"} | given
@@ -568,20 +577,6 @@ def _rule_stage_workers(default: WorkerConfig, own: Mapping[str, Any]) -> Worker
     return dataclasses.replace(
         default, count=own.get("workers", default.count), backend=own.get("backend", default.backend)
     )
-
-
-def _rule_pixels(c: VisionConfig) -> None:
-    """An image fits at least one merged patch, and ``min_pixels <= max_pixels``."""
-    factor = c.patch_size * c.merge_size
-    if c.max_pixels < factor * factor:
-        raise RecipeError(
-            f"recipe: [vision].max_pixels = {c.max_pixels} is below one merged patch ({factor}x{factor} = "
-            f"{factor * factor} pixels for patch_size {c.patch_size} x merge_size {c.merge_size}); raise max_pixels"
-        )
-    if c.min_pixels > c.max_pixels:
-        raise RecipeError(
-            f"recipe: [vision].min_pixels = {c.min_pixels} is above max_pixels = {c.max_pixels}; lower min_pixels"
-        )
 
 
 def _rule_phase(given: Mapping[str, Any], where: str, names: Sequence[str], previous: int) -> list[float]:

@@ -47,9 +47,10 @@ from zephon.nodes import (
     WorkPlan,
 )
 from zephon.nodes.vision import MMText, caption
+from zephon.nodes.vlchat import MMChat
 
 from .blocks import dataset_block
-from .chat import chat_encoder, chat_renderers, estimate_chat, templates_digest
+from .chat import chat_encoder, chat_renderers, estimate_chat, templates_digest, vl_chat_encoder
 from .estimate import (
     BadSamplesWarning,
     TokenEstimate,
@@ -90,10 +91,15 @@ class _PerShard:
         return a
 
 
-def _image_text_tokens(index: ImageTextShardIndex, est: TokenEstimate, vision: VisionConfig, shard: int) -> np.ndarray:
-    """Record weights of an image-text dataset: estimated tokens per record (text bytes x
-    tokens/byte + BOS/EOS + each image's placeholder run, exact from its indexed size)."""
+def _image_text_tokens(
+    index: ImageTextShardIndex, est: TokenEstimate, vision: VisionConfig, shard: int, images: bool = True
+) -> np.ndarray:
+    """Record weights of a dataset with images: estimated tokens per record (text bytes x
+    tokens/byte + BOS/EOS + each image's placeholder run, exact from its indexed size; without
+    ``images`` when mixing counts the tokens trained on, which images never are)."""
     text = index.record_bytes(shard).astype(np.float64) * est.tokens_per_byte + est.tokens_per_record
+    if not images:
+        return np.maximum(1, np.rint(text)).astype(np.int64)
     n_img, ws, hs = index.image_sizes(shard)
     per_image = np.array([vision.image_tokens(int(w), int(h)) + 2 for w, h in zip(ws, hs)], np.float64)
     owner = np.repeat(np.arange(len(n_img)), n_img)
@@ -136,10 +142,12 @@ def record_weights(spec: RecipeSpec, ds: DatasetSpec, index: ShardIndex, est: To
             policy=ds.policy,
             epochs=ds.epochs,
         )
-    if ds.kind not in ("text", CHAT_KIND):
+    if ds.has_images:
         if not isinstance(index, ImageTextShardIndex):
             raise RecipeError(f"recipe: dataset {ds.name!r} is {ds.kind!r} but its index has no image sizes")
-        weights = _PerShard(partial(_image_text_tokens, index, est, spec.vision.config))
+        # mixing by trained tokens leaves images out (from data version 6; chat with images is new there)
+        images = not (spec.mixing.count == "loss" and (spec.data_version >= 6 or ds.kind == CHAT_KIND))
+        weights = _PerShard(partial(_image_text_tokens, index, est, spec.vision.config, images=images))
         return DatasetPlan(
             ds.name, sizes, weights, tokens_per_byte=1.0, tokens_per_record=0.0, policy=ds.policy, epochs=ds.epochs
         )
@@ -334,7 +342,7 @@ def index_kwargs(ds: DatasetSpec) -> dict[str, Any]:
         kw["same_file"] = ds.same_file
     if ds.dtype is not None:
         kw["dtype"] = ds.dtype
-    if ds.kind == CHAT_KIND:
+    if ds.kind == CHAT_KIND and not ds.has_images:
         kw["text_mode"] = "json"  # the conversation: the field's value as JSON text
     elif ds.kind == "text":
         kw["text_mode"] = ds.text_mode
@@ -346,7 +354,7 @@ def index_kwargs(ds: DatasetSpec) -> dict[str, Any]:
 
 
 def _index(spec: RecipeSpec, s: DatasetSpec, progress: bool | None, group: Any = None) -> ShardIndex:
-    if s.kind in ("text", CHAT_KIND):
+    if not s.has_images:
         kw = index_kwargs(s) if group is None else {**index_kwargs(s), "group": group}
         return index_dataset(s.name, s.path, cache_dir=spec.cache_dir, progress=progress, **kw)
     # which tar members are images: the four classic extensions under data version 1 (a skip
@@ -386,7 +394,7 @@ def prepare(
         pairs = tqdm(pairs, desc="token estimation", unit="dataset")
     chat = chat_renderers(spec)
     estimates = {
-        s.name: TokenEstimate(*estimate_chat(spec, i, ix, chat[i], estimation_sample))
+        s.name: TokenEstimate(*estimate_chat(spec, i, ix, chat[i], estimation_sample, special))
         if i in chat
         else estimate_tokens(
             ix, tok, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=i, bad_weigh=spec.data_version >= 5
@@ -432,22 +440,15 @@ def record_pipeline(
     filters: Sequence[FilterSpec] = (),
 ) -> RecordPipeline:
     """The recipe's per-record work, built once: its ``[[filters]]`` as rules, and each dataset's
-    encoder (text and pretokenized: :class:`FetchTokenize`; chat: :class:`FetchChat`; image-text:
-    :class:`FetchVision`, the text datasets of an image-text recipe through :class:`MMText`) and
-    the view its rules see it through."""
+    encoder (text and pretokenized: :class:`FetchTokenize`; chat: :class:`FetchChat`; a recipe
+    with images: :func:`_image_encoders`) and the view its rules see it through."""
     on_error = [s.on_error for s in spec.datasets]
     rules = filter_rules(filters, spec)
     kinds = [s.kind for s in spec.datasets]
     encoders: list[Any]
     views: list[Any]
     if spec.multimodal:
-        vision = FetchVision(
-            indexes, kinds, tok, spec.vision.config, dict(special), on_error=on_error, row_len=spec.seq_len + 1
-        )
-        # a recipe's text indexes are DatasetIndex (image-text ones have their own reader)
-        text = MMText(FetchTokenize(cast("Sequence[DatasetIndex]", indexes), tok, on_error, align=spec.seq_len + 1))
-        encoders = [text if k == "text" else vision for k in kinds]
-        views = [None if k == "text" else caption for k in kinds]
+        encoders, views = _image_encoders(spec, indexes, tok, special, chat)
     else:
         align = 1 if spec.pack.algorithm == "greedy" else spec.seq_len + 1
         rewritten = [d for d in range(len(kinds)) if any(r.kind == "transform" and r.applies(d) for r in rules)]
@@ -465,6 +466,38 @@ def record_pipeline(
     return RecordPipeline(
         indexes, encoders, rules, views=views, count_tokens=partial(_count_tokens, tok), on_error=on_error
     )
+
+
+def _image_encoders(
+    spec: RecipeSpec,
+    indexes: Sequence[ShardIndex],
+    tok: TextTokenizer,
+    special: Mapping[str, int],
+    chat: Mapping[int, ChatRenderer],
+) -> tuple[list[Any], list[Any]]:
+    """The encoders of a recipe with images, one packer for all (:class:`MMDoc` s): image-text
+    samples (:class:`FetchVision`), text (:class:`MMText`), text chat (:class:`MMChat`) and
+    conversations with images (:class:`~zephon.nodes.FetchVisionChat`); and each one's view."""
+    on_error = [s.on_error for s in spec.datasets]
+    kinds = [s.kind for s in spec.datasets]
+    vision = FetchVision(
+        indexes, kinds, tok, spec.vision.config, dict(special), on_error=on_error, row_len=spec.seq_len + 1
+    )
+    # a recipe's text indexes are DatasetIndex (image-text ones have their own reader)
+    text = MMText(FetchTokenize(cast("Sequence[DatasetIndex]", indexes), tok, on_error, align=spec.seq_len + 1))
+    talk = MMChat(chat_encoder(spec, indexes, chat))
+    seen = vl_chat_encoder(spec, indexes, chat, special)
+    encoders: list[Any] = []
+    views: list[Any] = []
+    for d, s in enumerate(spec.datasets):
+        if s.kind == CHAT_KIND:
+            enc: Any = seen if s.has_images else talk
+            encoders.append(enc)
+            views.append(enc.view(d))
+        else:
+            encoders.append(text if s.kind == "text" else vision)
+            views.append(None if s.kind == "text" else caption)
+    return encoders, views
 
 
 def with_tokenizer(definition: dict[str, Any], tok: TextTokenizer) -> dict[str, Any]:

@@ -174,7 +174,9 @@ class DatasetSpec:
         "text", choices=(*KINDS, CHAT_KIND), doc='"text", "image_text" (one image + caption), "interleaved" or "chat"'
     )
     image_field: str | None = key(
-        None, derived='"image" for kind = "image_text", "images" for "interleaved"', doc="image column"
+        None,
+        derived='"image" for kind = "image_text", "images" for "interleaved" and chat in .tar shards',
+        doc="image column (chat: the field or column of a conversation's images; set, its records hold images)",
     )
     same_file: str = key(
         "each",
@@ -199,6 +201,12 @@ class DatasetSpec:
     loss_on: str = key("all", choices=LOSS_ON, new=True, doc='chat: train on "all" assistant turns or the "last"')
     long: str = key("drop", choices=LONG, new=True, doc="chat: a conversation longer than a row (drop/truncate/...)")
     system_prompt: str | None = key(None, new=True, doc="chat: a system message put first when a record has none")
+
+    @property
+    def has_images(self) -> bool:
+        """Whether the dataset's records hold images: an image kind, or a chat dataset that names
+        its images (``image_field``; its conversations show them: vision-language chat)."""
+        return self.kind not in ("text", CHAT_KIND) or (self.kind == CHAT_KIND and self.image_field is not None)
 
 
 @dataclass(frozen=True)
@@ -529,7 +537,7 @@ class RecipeSpec:
     @property
     def multimodal(self) -> bool:
         """Whether any dataset has images (image-text lanes, :class:`zephon.nodes.MMPack`)."""
-        return any(s.kind not in ("text", CHAT_KIND) for s in self.datasets)
+        return any(s.has_images for s in self.datasets)
 
     def data_definition(self) -> dict[str, Any]:
         """Everything that defines the data (not workers, not the cache folder, not paths: the
