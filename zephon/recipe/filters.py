@@ -126,6 +126,12 @@ def filter_rules(filters: Sequence[FilterSpec], spec: RecipeSpec) -> list[RuleSt
     return rules
 
 
+def _parquet(ds: DatasetSpec) -> bool:
+    """Whether a dataset's files are Parquet (its format, or its paths' suffix)."""
+    paths = ds.path if isinstance(ds.path, (list, tuple)) else [ds.path]
+    return ds.format == "parquet" or (ds.format == "auto" and all(str(p).endswith(".parquet") for p in paths))
+
+
 def _check_applies(rule: RuleStage, ds: DatasetSpec) -> None:
     """Refuse (one line, naming why) rule ``rule`` on a dataset it cannot judge."""
     where = f"recipe: [[filters]] {rule.name!r} ({rule.kind}) cannot apply to dataset {ds.name!r}"
@@ -136,7 +142,9 @@ def _check_applies(rule: RuleStage, ds: DatasetSpec) -> None:
             f"dedup apply to it; {fix}"
         )
     if rule.kind == "field" and (
-        ds.format in TOKEN_FORMATS or (ds.kind not in ("text", CHAT_KIND) and ds.format == "wds")
+        ds.format in TOKEN_FORMATS
+        or (ds.kind not in ("text", CHAT_KIND) and ds.format == "wds")
+        or (ds.kind == CHAT_KIND and ds.has_images and not _parquet(ds))
     ):
         raise RecipeError(
             f"{where}: its records ({ds.kind}, format {ds.format!r}) have no metadata fields a rule can read "

@@ -300,12 +300,12 @@ def _image_size(where: str, given: Mapping[str, Any], spec: RecipeSpec, datasets
         raise _err(where, "needs min_side and/or max_side (pixels)")
     if lo is not None and hi is not None and hi < lo:
         raise _err(where, f"max_side = {hi} is below min_side = {lo}: every sample would be dropped")
-    text = [s.name for s in spec.datasets if s.name in datasets and s.kind in ("text", "chat")]
+    text = [s.name for s in spec.datasets if s.name in datasets and not s.has_images]
     if text:
         raise _err(
             where,
-            f"kind = 'image_size' judges decoded images, and dataset {text[0]!r} has no images; name the image-text "
-            "datasets with datasets = [...]",
+            f"kind = 'image_size' judges decoded images, and dataset {text[0]!r} has no images; name the datasets "
+            "with images with datasets = [...]",
         )
     return {"params": {k: v for k, v in (("min_side", lo), ("max_side", hi)) if v is not None}}
 

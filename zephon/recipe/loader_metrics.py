@@ -12,6 +12,8 @@ turns them, and what it sees of each batch, into per-interval numbers under one 
 ``<p>tokens/<dataset>``                         non-padding tokens of each dataset delivered in the interval
 ``<p>realized_share/<dataset>``                 each dataset's share of the tokens delivered so far
 ``<p>declared_share/<dataset>``                 its weight now (``[[schedule]]`` applied), normalised
+``<p>trained_tokens/<dataset>``                 tokens trained on (label not -100) in the interval (chat recipes)
+``<p>trained_share/<dataset>``                  their share of the dataset's tokens so far (chat: the assistant's)
 ``<p>records/<dataset>``                        records read so far (bad ones included)
 ``<p>skipped/<dataset>``                        records skipped so far (``on_error = "skip"``: bad, too large)
 ``<p>skipped_share/<dataset>``                  skipped / read
@@ -45,7 +47,7 @@ from zephon.data import token_cache
 
 from .recipe import Recipe
 
-__all__ = ["LoaderMetrics", "metered", "skips_line", "summary_of"]
+__all__ = ["LoaderMetrics", "metered", "skips_line", "summary_of", "trained_counts"]
 
 MetricsCallback = Callable[[dict[str, float], int], Any]
 
@@ -83,6 +85,10 @@ class LoaderMetrics:
         self.step = 0  # recipe steps recorded (this process; a resumed loader counts from its step)
         self._total = np.zeros(len(self.names), dtype=np.int64)
         self._tokens = np.zeros(len(self.names), dtype=np.int64)
+        # tokens trained on (chat recipes: the assistant's), in the interval and so far
+        self._chat = any(d.kind == "chat" for d in recipe.spec.datasets)
+        self._trained = np.zeros(len(self.names), dtype=np.int64)
+        self._trained_total = np.zeros(len(self.names), dtype=np.int64)
         self._seconds = 0.0
         self._steps = 0
         self._last: dict[str, float] = {}  # cumulative pipeline counters at the last collect
@@ -98,6 +104,10 @@ class LoaderMetrics:
         counts = np.bincount(ds[ds >= 0].astype(np.int64), minlength=len(self.names))[: len(self.names)]
         self._tokens += counts
         self._total += counts
+        if self._chat and "labels" in batch:
+            trained = trained_counts(batch, len(self.names))
+            self._trained += trained
+            self._trained_total += trained
         self._seconds += float(seconds)
         self._steps += 1
         self.step = self.step + 1 if step is None else int(step)
@@ -116,10 +126,14 @@ class LoaderMetrics:
             out[f"{p}tokens/{name}"] = int(self._tokens[i])
             out[f"{p}realized_share/{name}"] = float(self._total[i]) / total if total else 0.0
             out[f"{p}declared_share/{name}"] = round(float(weights[i]), 12)
+            if self._chat:
+                out[f"{p}trained_tokens/{name}"] = int(self._trained[i])
+                out[f"{p}trained_share/{name}"] = float(self._trained_total[i]) / max(int(self._total[i]), 1)
         if summary is not None:
             out.update(self._from_summary(summary))
         out.update(self._from_token_cache())
         self._tokens[:] = 0
+        self._trained[:] = 0
         self._seconds, self._steps = 0.0, 0
         return out
 
@@ -160,6 +174,19 @@ class LoaderMetrics:
         if "ordered_map" in by_type:
             out[f"{p}waiting_on_workers_s"] = max(delta["wait"], 0.0)
         return out
+
+
+def trained_counts(batch: Mapping[str, Any], datasets: int) -> np.ndarray:
+    """Per dataset, the tokens of ``batch`` trained on: a label that is not -100 counts for the
+    dataset of its input position (chat: the assistant's tokens; never an image's).
+
+    >>> b = {"dataset": np.array([[0, 0, 1, -1]]), "labels": np.array([[-100, 5, 6, -100]])}
+    >>> trained_counts(b, 2).tolist()
+    [1, 1]
+    """
+    ds = np.asarray(batch["dataset"]).ravel()
+    ds = ds[(np.asarray(batch["labels"]).ravel() != -100) & (ds >= 0)].astype(np.int64)
+    return np.bincount(ds, minlength=datasets)[:datasets]
 
 
 def _truncations(p: str, names: list[str], by_type: Mapping[Any, Mapping[str, Any]]) -> dict[str, float]:

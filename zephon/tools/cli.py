@@ -25,7 +25,7 @@ from zephon.engine.shutdown import Terminated, stop_on_signals
 from zephon.recipe import RankBatches, Recipe, RecipeError
 from zephon.recipe.estimate import bad_samples_message
 from zephon.recipe.keys import max_workers
-from zephon.recipe.loader_metrics import skips_line, summary_of
+from zephon.recipe.loader_metrics import skips_line, summary_of, trained_counts
 
 from .cli_parser import DISTRIBUTION, STATE_FILE, build_parser, version_line
 from .demo import demo_recipe, what_you_saw
@@ -368,6 +368,15 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
         for line in share_report(recipe, per_ds, len(batches)):
             print(line)
+        if any(d.kind == "chat" for d in recipe.spec.datasets):
+            trained = np.sum([trained_counts(b, len(names)) for b in batches], axis=0)
+            have = np.bincount(
+                np.concatenate([b["dataset"][b["dataset"] >= 0].ravel() for b in batches]), minlength=len(names)
+            )
+            print(
+                "trained tokens (label not -100) as a share of each dataset's tokens: "
+                + ", ".join(f"{n} {t / max(h, 1):.3f}" for n, t, h in zip(names, trained, have))
+            )
         print(diversity_line(recipe, batches))
         if args.show:
             b = batches[0]
