@@ -116,6 +116,7 @@ class BatchView:
         self.multimodal = is_multimodal(batch)
         self.special: dict[str, int] = dict(getattr(p, "special", None) or {}) if self.multimodal else {}
         self.vision: VisionConfig = recipe.vision
+        self.chat = {i for i, d in enumerate(recipe.spec.datasets) if d.kind == "chat"}  # shown trained / not
         if self.multimodal and ("image" not in self.special):
             raise ValueError(
                 "show: this is a multimodal batch (it has grid_thw) but the recipe has no image "
@@ -205,6 +206,7 @@ class BatchView:
                 "masked": int((r["labels"][pos] == IGNORE_INDEX).sum()),
             }
             lo, hi = int(pos[0]), int(pos[-1]) + 1
+            seg["start"], seg["stop"] = lo, hi
             if self.multimodal and hi - lo == len(pos):
                 pieces = row_pieces(self.tokenizer.decode, r["input"], lo, hi, blocks)
                 seg["pieces"] = pieces
@@ -256,7 +258,42 @@ class BatchView:
             f'{thumb}<span class="zp-image-label" style="color:#374151">{label}</span></span>'
         )
 
-    def _seg_html(self, seg: dict[str, Any]) -> str:
+    def trained(self, i: int) -> np.ndarray:
+        """Which tokens of row ``i`` are trained on: token ``t`` is a target of the label at ``t - 1``
+        (a chat row: the assistant's text and end-of-turn tokens)."""
+        out = np.zeros(self.batch["input"].shape[1], dtype=bool)
+        out[1:] = self.batch["labels"][i][:-1] != IGNORE_INDEX
+        return out
+
+    def _chat_html(self, i: int, seg: dict[str, Any]) -> str:
+        """A conversation: its images in place of their placeholder runs, the tokens not trained on
+        (system, user, tool turns, each assistant header) hatched."""
+        ids, trained = self.batch["input"][i], self.trained(i)
+        blocks = {b["start"]: b for b in self._blocks(i)}
+        parts, t, hi, budget = [], seg["start"], seg["stop"], self.max_chars
+        while t < hi:
+            if t in blocks:
+                parts.append(self._image_html(blocks[t]))
+                t = blocks[t]["stop"]
+                continue
+            stop = min([b for b in blocks if t < b < hi] + [hi])
+            stop = t + 1 + int(np.argmax(np.append(trained[t + 1 : stop] != trained[t], True)))
+            text = self.tokenizer.decode(ids[t:stop]) if budget > 0 else ""
+            budget -= len(text)
+            text = html.escape(text if budget >= 0 else text[: len(text) + budget] + "…")
+            if trained[t]:
+                parts.append(f'<span class="zp-trained">{text}</span>')
+            elif text:
+                parts.append(
+                    f'<span class="zp-untrained" title="not trained on (label -100)" style="background:'
+                    f'repeating-linear-gradient(45deg,transparent,transparent 3px,#d1d5db 3px,#d1d5db 5px)">{text}</span>'
+                )
+            t = stop
+        return "".join(parts)
+
+    def _seg_html(self, seg: dict[str, Any], row: int | None = None) -> str:
+        if row is not None and seg["dataset_index"] in self.chat:
+            return self._chat_html(row, seg)
         if "pieces" not in seg:
             text = seg["text"]
             if len(text) > self.max_chars:
@@ -290,6 +327,8 @@ class BatchView:
                 f' &middot; <span class="zp-images">{len(self.batch["grid_thw"])} images</span> '
                 "(hatched: image placeholders, labels -100)"
             )
+        if self.chat:
+            images += " &middot; conversations: the tokens not trained on are hatched"
         out = [
             '<div class="zephon-batch" style="font-family:monospace;font-size:12px">',
             f'<div class="zp-head"><b>Batch</b>: {n} rows &times; {self.batch["input"].shape[1]} tokens{images} &middot; '
@@ -310,7 +349,7 @@ class BatchView:
                 title = seg["dataset"]
                 if prov is not None and j < len(prov[i]):
                     title += " · " + self._source_title(prov[i][j])
-                text = self._seg_html(seg)
+                text = self._seg_html(seg, i)
                 masked = (
                     f' <span class="zp-masked" style="color:#999">[{seg["masked"]} labels masked]</span>'
                     if seg["masked"]
