@@ -9,7 +9,8 @@ this package answers "how many records, how big is each, give me records i, j, k
 
 Every index kind implements :class:`ShardIndex` (image-text ones :class:`ImageTextShardIndex`).
 The modules: one per format (``jsonl``, ``text``, ``parquet``, ``arrow``, ``wds``,
-``mm_parquet``), ``resolve`` (paths to shard files), ``cache`` (metadata cache, shard caches,
+``mm_parquet``; vision-language chat records: ``wds_chat``, ``mm_jsonl``, ``chat_records``),
+``resolve`` (paths to shard files), ``cache`` (metadata cache, shard caches,
 pickling), and the two indexes (``index``: text, ``multimodal``: image-text); ``tokens``:
 pretokenized files (numpy, Megatron), whose index reads token-id arrays; ``nodecache``: the
 node-local cache of remote shards (``$ZEPHON_SHARD_CACHE``) and download-ahead; ``tokencache``:

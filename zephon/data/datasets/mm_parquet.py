@@ -1,7 +1,9 @@
 """Image-text samples in Parquet (format ``"parquet"``): an image column (``image_field``;
 binary, or Hugging Face's ``{bytes, path}`` struct) and a caption column (``text_field``); and
 interleaved documents (kind ``"interleaved"``, OBELICS-style): rows with a list of texts and a
-list of images of equal length, at each position one of the two set.
+list of images of equal length, at each position one of the two set; and vision-language chat
+records (kind ``"chat"``): a conversation column (``text_field``; JSON text or a list of message
+structs) and an image column (``image_field``; a list of images, or one; :mod:`.chat_records`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .chat_records import chat_row
 from .errors import BadRecord, DataError
 from .samples import ImageTextStore, MMRecord, image_header_size, value_crc
 
@@ -89,6 +92,8 @@ class MMParquetReader:
 
     def _record_from_row(self, img: Any, txt: Any) -> tuple[tuple[Any, ...] | None, str | None]:
         """(segments, None) or (None, reason)."""
+        if self.ix.kind == "chat":
+            return chat_row(img, txt, self.ix.image_field)
         if self.ix.kind == "interleaved":
             if not isinstance(txt, list) or not isinstance(img, list):
                 return None, f"'{self.ix.text_field}' and '{self.ix.image_field}' must both be lists"
@@ -197,6 +202,10 @@ class MMParquetReader:
             field = "bytes" if kind == "image" and isinstance(value, dict) else None
             return {"kind": kind, "column": col, "row": row, "list_index": j, "field": field, "file_bytes": None}
 
+        if ix.kind == "chat":  # the conversation, then each image (its list entry; None: a single image)
+            many = isinstance(img, (list, tuple))
+            images = (img if many else [img]) if img is not None else []
+            return [src("text", None, txt)] + [src("image", j if many else None, v) for j, v in enumerate(images)]
         if ix.kind == "interleaved":
             if not isinstance(txt, list) or not isinstance(img, list):
                 return []

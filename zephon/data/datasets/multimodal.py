@@ -12,6 +12,13 @@ Kinds and formats:
 * ``interleaved`` in Parquet: OBELICS-style rows with a list of texts (``text_field``, default
   ``texts``) and a list of images (``image_field``, default ``images``) of equal length; at
   each position one of the two is set.
+* ``chat`` (vision-language conversations): a record is one conversation and its images; its
+  segments are the conversation as JSON text (what :func:`zephon.data.chat.parse_conversation`
+  reads), then the images in the order the conversation refers to them. In tar shards
+  (:mod:`.wds_chat`: ``key.json`` and ``key.0.jpg``, ``key.1.png``, ...), Parquet (a
+  conversation column ``text_field``, default ``messages``, and a list of images
+  ``image_field``, default ``images``) or JSON Lines (:mod:`.mm_jsonl`: a conversation object a
+  line, image files beside it).
 
 Indexing also reads every image's *header* (width, height and EXIF orientation: no pixel
 decoding), so the WorkSource can plan by exact image-token counts. Metadata is cached like the
@@ -21,7 +28,8 @@ text index's (one ``.npz`` per shard, keyed by URL, size and mtime).
 in document order) or :class:`BadRecord` (a caption without an image, a missing field, ...);
 image *content* problems are found by the decoder (``zephon.nodes.images``).
 
-Each format is its own module (:mod:`.wds`, :mod:`.mm_parquet`); this one is the index that
+Each format is its own module (:mod:`.wds`, :mod:`.wds_chat`, :mod:`.mm_parquet`,
+:mod:`.mm_jsonl`); this one is the index that
 dispatches to them, and the shared parts live in :mod:`.cache` and :mod:`.resolve`.
 """
 
@@ -39,14 +47,28 @@ import numpy as np
 from .cache import fingerprint, write_npz
 from .errors import DataError
 from .index import DEFAULT_MAX_RECORD_BYTES
+from .mm_jsonl import MMJsonlReader
 from .mm_parquet import MMParquetReader
 from .resolve import MM_FORMATS, ShardMeta, ShardSpec, mm_shard_specs, open_cache_dir, pick_mm_format, resolve_files
 from .samples import ImageTextStore, MMRecord, image_header_size
 from .wds import IMAGE_EXTS, TAR_IMAGES, WdsReader
+from .wds_chat import WdsChatReader
 
-__all__ = ["IMAGE_EXTS", "KINDS", "MM_FORMATS", "MMRecord", "MultimodalIndex", "image_header_size", "index_multimodal"]
+__all__ = [
+    "IMAGE_EXTS",
+    "KINDS",
+    "MM_FORMATS",
+    "MM_KINDS",
+    "MMRecord",
+    "MultimodalIndex",
+    "image_header_size",
+    "index_multimodal",
+]
 
 KINDS = ("text", "image_text", "interleaved")
+#: the kinds :func:`index_multimodal` reads ("chat": vision-language conversations with images)
+MM_KINDS = ("chat", "image_text", "interleaved")
+_Reader = WdsReader | MMParquetReader | MMJsonlReader
 # 2: tar member names (provenance); 3: damaged tar regions as records; 4: CRC-32 per read unit
 _CACHE_VERSION = 4
 
@@ -114,7 +136,11 @@ class MultimodalIndex(ImageTextStore):
 
     def _init_runtime(self) -> None:
         super()._init_runtime()
-        self._reader: WdsReader | MMParquetReader = (WdsReader if self.format == "wds" else MMParquetReader)(self)
+        self._reader: _Reader
+        if self.format == "wds":
+            self._reader = WdsChatReader(self) if self.kind == "chat" else WdsReader(self)
+        else:
+            self._reader = MMParquetReader(self) if self.format == "parquet" else MMJsonlReader(self)
 
     def __getstate__(self) -> dict:
         st = super().__getstate__()
@@ -191,7 +217,8 @@ class MultimodalIndex(ImageTextStore):
     # -- provenance ----------------------------------------------------------------------------
     def locate(self, shard: int, record: int) -> dict[str, Any]:
         """Where a record lives, from the index alone (no read): ``file``, ``locator`` (``key
-        'k'`` for tar shards, ``row N`` 0-based for Parquet), and ``key`` (tar) or ``row``.
+        'k'`` for tar shards, ``row N`` 0-based for Parquet, ``line N`` for JSON Lines), and
+        ``key`` (tar), ``row`` or ``line``.
 
         See :meth:`sources` for where each of its segments' bytes are."""
         if not 0 <= shard < len(self.shards):
@@ -213,7 +240,9 @@ class MultimodalIndex(ImageTextStore):
         * Parquet: ``column``, ``row`` (0-based in the file), ``list_index`` (the entry of an
           interleaved row's list column, else None) and ``field`` (``"bytes"`` for a Hugging
           Face image struct, else None); ``file_bytes`` is None (Parquet cells are not
-          contiguous file bytes).
+          contiguous file bytes);
+        * JSON Lines (chat): the line (``line``, ``file_bytes``), then each image file
+          (``path``, ``ref``: the path as the record writes it, ``file_bytes``: the whole file).
 
         Parquet sources read the row (to find the list entries); tar sources do not read."""
         self.locate(shard, record)  # range checks
@@ -254,25 +283,38 @@ def index_multimodal(
     above ``max_record_bytes`` (image and caption together) reads back as a BadRecord, unread.
     ``same_file = "once"`` reads a file reached through several paths (symlinks) once.
     ``tar_images``: which tar members are images, "pillow" (every extension Pillow opens; data
-    version 2) or "classic" (``.jpg``/``.jpeg``/``.png``/``.webp``; data version 1)."""
+    version 2) or "classic" (``.jpg``/``.jpeg``/``.png``/``.webp``; data version 1).
+
+    ``kind = "chat"``: vision-language conversations (tar, Parquet or JSON Lines; see the module
+    docstring); a record reads back as the conversation's JSON text, then its images:
+
+    >>> import io, json, os, tempfile
+    >>> from PIL import Image
+    >>> root = tempfile.mkdtemp(); os.mkdir(os.path.join(root, "img"))
+    >>> Image.new("RGB", (40, 30)).save(os.path.join(root, "img", "cat.png"))
+    >>> line = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]},
+    ...                      {"role": "assistant", "content": "A cat."}], "images": ["img/cat.png"]}
+    >>> with open(os.path.join(root, "chat.jsonl"), "w") as f:
+    ...     _ = f.write(json.dumps(line) + "\\n")
+    >>> ix = index_multimodal("vl", os.path.join(root, "*.jsonl"), kind="chat", cache_dir=root)
+    >>> ix.image_sizes(0)[0].tolist(), ix.image_sizes(0)[1].tolist(), ix.image_sizes(0)[2].tolist()
+    ([1], [40], [30])
+    >>> rec = ix.read(0, [0])[0]
+    >>> json.loads(rec.segments[0]) == line, rec.segments[1][:4], rec.locator
+    (True, b'\\x89PNG', 'line 1')
+    """
     if on_error not in ("raise", "skip"):
         raise DataError(f"unknown on_error {on_error!r}", dataset=name, fix='Use on_error = "raise" or "skip".')
     if tar_images not in TAR_IMAGES:
         raise DataError(f"unknown tar_images {tar_images!r}", dataset=name, fix=f"Use one of {sorted(TAR_IMAGES)}.")
-    if kind not in ("image_text", "interleaved"):
-        raise DataError(f"unknown kind {kind!r}", dataset=name, fix='Use kind = "image_text" or "interleaved".')
+    if kind not in MM_KINDS:
+        raise DataError(f"unknown kind {kind!r}", dataset=name, fix=f"Use kind = one of {', '.join(MM_KINDS)}.")
     files = resolve_files(name, path, "auto")
-    fmt = pick_mm_format(name, files, format)
-    if kind == "interleaved" and fmt != "parquet":
-        raise DataError(
-            "interleaved documents are read from Parquet only",
-            dataset=name,
-            fix='Store them as Parquet rows with list columns (texts, images), format = "parquet".',
-        )
+    fmt = _kind_format(name, kind, pick_mm_format(name, files, format))
     if text_field is None:
-        text_field = "texts" if kind == "interleaved" else "caption"
+        text_field = {"interleaved": "texts", "chat": "messages"}.get(kind, "caption")
     if image_field is None:
-        image_field = "images" if kind == "interleaved" else "image"
+        image_field = "image" if kind == "image_text" else "images"
     cache_dir = open_cache_dir(cache_dir, warn=False)
     ix = MultimodalIndex(
         name,
@@ -297,3 +339,21 @@ def index_multimodal(
                     f"on_error = \"skip\" for dataset '{name}' to skip each damaged region as one counted bad record.",
                 )
     return ix
+
+
+def _kind_format(name: str, kind: str, fmt: str) -> str:
+    """``fmt``, refused where the kind is not read from it (interleaved: Parquet only; JSON
+    Lines: chat records only)."""
+    if kind == "interleaved" and fmt != "parquet":
+        raise DataError(
+            "interleaved documents are read from Parquet only",
+            dataset=name,
+            fix='Store them as Parquet rows with list columns (texts, images), format = "parquet".',
+        )
+    if fmt == "jsonl" and kind != "chat":
+        raise DataError(
+            f"{kind} samples are not read from JSON Lines (only chat records are)",
+            dataset=name,
+            fix='Store them as tar (format = "wds") or Parquet shards, or set kind = "chat" for conversations.',
+        )
+    return fmt

@@ -46,8 +46,8 @@ SAME_FILE = ("each", "once")
 
 #: the text formats
 FORMATS = ("jsonl", "parquet", "text", "arrow")
-#: the image-text formats: WebDataset-style tar shards, Parquet
-MM_FORMATS = ("wds", "parquet")
+#: the image-text formats: WebDataset-style tar shards, Parquet, JSON Lines (chat records only)
+MM_FORMATS = ("wds", "parquet", "jsonl")
 
 _EXT_FORMAT = {
     ".jsonl": "jsonl",
@@ -503,24 +503,24 @@ def pick_format(name: str, files, fmt: str) -> tuple[str, list[str | None]]:
 
 
 def pick_mm_format(name: str, files, fmt: str) -> str:
-    """An image-text dataset's format: ``fmt``, or from the extensions (``.tar``: wds) for "auto"."""
+    """An image-text dataset's format: ``fmt``, or from the extensions (``.tar``: wds, ``.jsonl``) for "auto"."""
     exts = set()
     for _fs, fp, _info, _forced in files:
-        low = fp.lower()
-        exts.add("wds" if low.endswith(".tar") else "parquet" if low.endswith(".parquet") else low.rsplit(".", 1)[-1])
+        ext = fp.lower().rsplit(".", 1)[-1]
+        exts.add({"tar": "wds", "ndjson": "jsonl"}.get(ext, ext))
     if fmt == "auto":
         if len(exts) != 1 or next(iter(exts)) not in MM_FORMATS:
             raise DataError(
                 f"cannot infer the image-text format from the file extensions {sorted(exts)}",
                 dataset=name,
-                fix='Use .tar (WebDataset) or .parquet shards, or set format = "wds" / "parquet" for this dataset.',
+                fix='Use .tar (WebDataset), .parquet or .jsonl shards, or set format = "wds" / "parquet" / "jsonl".',
             )
         return next(iter(exts))
     if fmt not in MM_FORMATS:
         raise DataError(
             f"format {fmt!r} is not an image-text format",
             dataset=name,
-            fix='Set format = "wds" (tar shards) or "parquet" (or "auto") for this dataset.',
+            fix='Set format = "wds" (tar shards), "parquet", "jsonl" (chat records) or "auto" for this dataset.',
         )
     return fmt
 

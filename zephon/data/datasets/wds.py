@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BadRecord, DataError
-from .samples import ImageTextStore, MMRecord, image_header_size
+from .errors import BadRecord
+from .samples import MMRecord, image_header_size
+from .shardbytes import ShardBytes
 
 __all__ = ["CLASSIC_IMAGE_EXTS", "IMAGE_EXTS", "TAR_IMAGES", "TEXT_EXTS", "WdsReader", "tar_member_role"]
 
@@ -135,77 +136,8 @@ def _after_run(f: Any, end: int, size: int) -> tuple[int, int, int | None] | Non
     return end, _GARBLED, _resync(f, end + _BLOCK)
 
 
-class WdsReader:
+class WdsReader(ShardBytes):
     """Indexing and reading the tar shards of an image-text index ``ix``."""
-
-    def __init__(self, ix: ImageTextStore) -> None:
-        self.ix = ix
-
-    def _open(self, s: int) -> Any:
-        """Shard s's file (a remote shard's node-cache copy where the cache takes it)."""
-        sp = self.ix._specs[s]
-        f = self.ix._open_copy(s)
-        if f is not None:
-            return f
-        try:
-            return sp.fs.open(sp.fspath, "rb")
-        except OSError as e:
-            raise self.ix._err(
-                s, f"cannot open the file ({type(e).__name__}: {e})", "Check the path and its permissions."
-            ) from None
-
-    def _io_error(self, s: int, e: OSError) -> DataError:
-        return self.ix._err(
-            s,
-            f"I/O error while reading it ({type(e).__name__}: {e})",
-            "Check that the storage is reachable and the file is intact, then retry.",
-        )
-
-    def _fetch(self, s: int, off: int, n: int) -> bytes:
-        """One try at bytes ``off:off+n`` of remote shard s (transient faults raised as they are,
-        for :meth:`ImageTextStore._retrying`)."""
-        sp = self.ix._specs[s]
-        try:
-            return sp.fs.cat_file(sp.fspath, start=off, end=off + n)
-        except OSError as e:
-            if self.ix._transient(e):
-                raise
-            raise self._io_error(s, e) from None
-
-    def _read_range(self, s: int, off: int, n: int) -> bytes:
-        data = self._read_spans(s, [(off, n)])[0]
-        if len(data) != n:
-            raise self.ix._err(
-                s,
-                "the file is shorter than its index says (truncated or changed)",
-                "Re-copy the shard, or restart so that it is re-indexed.",
-            )
-        return data
-
-    def _read_spans(self, s: int, spans: list[tuple[int, int]]) -> list[bytes]:
-        """The bytes ``(offset, length)`` of each of ``spans`` in shard s: a local file checked
-        unchanged first, a remote one from its node-cache copy or by byte range."""
-        sp = self.ix._specs[s]
-        if not sp.local:
-            copied = self.ix._copy_ranges(s, [(o, o + n) for o, n in spans])
-            if copied is not None:
-                return copied
-            return [self.ix._retrying(s, "reading", functools.partial(self._fetch, s, o, n)) for o, n in spans]
-        try:
-            st = os.stat(sp.fspath)
-            if st.st_size != sp.size or str(st.st_mtime_ns) != sp.version:
-                raise self.ix._err(
-                    s,
-                    "the file changed since it was indexed",
-                    "Do not modify shard files during a run; restart so that it is re-indexed.",
-                )
-            fd = os.open(sp.fspath, os.O_RDONLY)
-            try:
-                return [os.pread(fd, n, o) for o, n in spans]
-            finally:
-                os.close(fd)
-        except OSError as e:
-            raise self._io_error(s, e) from None
 
     def _read_run(self, s: int, f: Any, pos: int, size: int, add: Callable[[Any], None]) -> tuple[int, bool]:
         """The members from byte ``pos`` until ``tarfile`` stops, each file member given to ``add``:
@@ -239,6 +171,14 @@ class WdsReader:
             ) from None
         return max(tf.offset, last_end), False
 
+    def _role(self, name: str) -> tuple[str, str, str] | None:
+        """``(key, slot, tag)`` of a tar member, or None for one that is not part of a sample."""
+        return tar_member_role(name, self.ix.image_exts)
+
+    def _keep(self, got: dict[str, Any], slot: str, member: tuple[int, int, str, str]) -> None:
+        """Book ``member`` (offset, size, tag, name) in its sample ``got``: the first of each slot."""
+        got.setdefault(slot, member)
+
     def _members(self, s: int, f: Any) -> tuple[list[Any], dict[Any, dict[str, Any]]]:
         """Every sample of a tar shard in file order, and the damaged regions between them.
 
@@ -251,17 +191,15 @@ class WdsReader:
         f.seek(0, os.SEEK_END)
         size = f.tell()
 
-        exts = self.ix.image_exts
-
         def add(m: tarfile.TarInfo) -> None:
-            role = tar_member_role(m.name, exts)
+            role = self._role(m.name)
             if role is None:
                 return
             key, slot, ext = role
             if key not in members:
                 members[key] = {}
                 order.append(key)
-            members[key].setdefault(slot, (m.offset_data, m.size, ext, m.name))
+            self._keep(members[key], slot, (m.offset_data, m.size, ext, m.name))
 
         pos = 0
         while True:

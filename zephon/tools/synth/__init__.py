@@ -24,7 +24,8 @@ Writers: :func:`write_jsonl` (plain, gzip or zstd), :func:`write_parquet`,
 :func:`make_demo_corpus` writes a three-dataset mixture and returns a glob per dataset.
 
 Modules: ``words`` (the random stream and the vocabulary), ``prose`` and ``pycode`` (the
-styles), ``text`` (:func:`generate_documents`), ``images``, ``chat`` (:func:`generate_conversations`), ``writers``, ``corpora``.
+styles), ``text`` (:func:`generate_documents`), ``images``, ``chat`` (:func:`generate_conversations`), ``writers``, ``corpora``,
+``vlchat`` (vision-language chat records, :func:`generate_vl_conversations`, and their writers).
 The package imports nothing from the rest of zephon.
 """
 
@@ -32,6 +33,14 @@ from .chat import generate_conversations
 from .corpora import make_demo_corpus, make_vision_corpus
 from .images import IMAGE_FORMATS, generate_image_text, generate_interleaved
 from .text import STYLES, generate_documents
+from .vlchat import (
+    VL_FORMS,
+    generate_vl_conversations,
+    make_vl_chat_corpus,
+    write_vl_chat_jsonl,
+    write_vl_chat_parquet,
+    write_vl_chat_wds,
+)
 from .writers import (
     write_image_parquet,
     write_interleaved_parquet,
@@ -45,17 +54,23 @@ from .writers import (
 __all__ = [
     "IMAGE_FORMATS",
     "STYLES",
+    "VL_FORMS",
     "generate_conversations",
     "generate_documents",
     "generate_image_text",
     "generate_interleaved",
+    "generate_vl_conversations",
     "make_demo_corpus",
     "make_vision_corpus",
+    "make_vl_chat_corpus",
     "write_image_parquet",
     "write_interleaved_parquet",
     "write_jsonl",
     "write_parquet",
     "write_text_files",
     "write_text_lines",
+    "write_vl_chat_jsonl",
+    "write_vl_chat_parquet",
+    "write_vl_chat_wds",
     "write_wds",
 ]
