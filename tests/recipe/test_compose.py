@@ -1,7 +1,7 @@
 """Features compose (issue 31): a matrix over dataset kinds x features, generated from two lists.
 
 Each case is a recipe of two datasets of one kind (text, chat, pretokenized, image-text,
-interleaved, or a mix of text and chat) with one feature, or a pair of features, added. The table
+interleaved, a mix of text and chat, or conversations with images: issue 32) with one feature, or a pair of features, added. The table
 ``EXPECT`` says per pair what must happen: "works", or "refused: <part of the reason>" (a one-line
 RecipeError when the recipe is built and prepared). A case that works must keep the project's
 guarantee: the first STEPS global batches are the same on W = 1 (inline), W = 2 (thread workers)
@@ -113,16 +113,16 @@ for _name in ("length_chars", "regex", "function", "stateful", "transform"):
 EXPECT["pretok", "field"] = "refused: no metadata fields"  # token files carry no metadata columns
 for _kind in ("text", "chat", "pretok", "mix"):
     EXPECT[_kind, "image_size"] = NO_IMAGE
-for _kind in ("chat", "mix", "image_text", "interleaved"):
+for _kind in ("chat", "mix", "image_text", "interleaved", "vlchat"):
     EXPECT[_kind, "transform"] = TRANSFORM
     if _kind != "mix":
         EXPECT[_kind, "transform_a"] = TRANSFORM
 EXPECT["pretok", "field+skip"] = EXPECT["pretok", "field"]
-for _kind in ("image_text", "interleaved"):  # refused today, one line; not a pair issue 31 asks for
+for _kind in ("image_text", "interleaved", "vlchat"):  # refused today, one line; not a pair issue 31 asks for
     EXPECT[_kind, "schedule"] = "refused: [[batch_schedule]] is not supported with image-text datasets"
 EXPECT["pretok", "regex_a"] = EXPECT["pretok", "transform_a"] = NO_TEXT
 #: pairs not in the matrix: sees = "raw" and the rendered markup are chat's, the joined segments interleaved's
-NOT_APPLICABLE = {(k, f) for k in KINDS for f in ("regex_raw", "regex_rendered") if k not in ("chat", "mix")}
+NOT_APPLICABLE = {(k, f) for k in KINDS for f in ("regex_raw", "regex_rendered") if k not in ("chat", "mix", "vlchat")}
 NOT_APPLICABLE |= {(k, "regex_joined") for k in KINDS if k != "interleaved"}
 
 

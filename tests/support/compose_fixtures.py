@@ -22,7 +22,7 @@ import numpy as np
 
 #: the pool: documents, two datasets of each kind (a and b), the bad records beside
 POOL = 160
-KINDS = ("text", "chat", "pretok", "image_text", "interleaved", "mix")
+KINDS = ("text", "chat", "pretok", "image_text", "interleaved", "mix", "vlchat")
 
 
 def pool(n: int = POOL, seed: int = 31) -> list[str]:
@@ -88,6 +88,36 @@ def _write_image_text(path: str, texts: list[str], images: list[bytes], first: i
     pq.write_table(table, path, row_group_size=16)
 
 
+def _vl_conversation(texts: list[str], i: int) -> list[dict]:
+    """A conversation with images (issue 32): the user's text then one ``<image>`` marker (two in
+    every 4th record), so the raw and rendered rules of text chat match it alike; a shorter answer."""
+    conv = _conversation(texts, i)
+    conv[0]["content"] += " <image>" * (2 if i % 4 == 3 else 1)
+    conv[1]["content"] = conv[1]["content"][:100]  # as long in tokens as text chat's, the image markup counted
+    return conv
+
+
+def _write_vlchat(path: str, texts: list[str], rows: range, images: list[bytes]) -> None:
+    """Conversations ``rows`` of the pool with images in Parquet: the conversation as JSON text,
+    its images (``images[k]`` for the row's k-th image), a score."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    convs = [_vl_conversation(texts, i) for i in rows]
+    imgs = [
+        [images[j % len(images)], images[(j + 3) % len(images)]][: 2 if i % 4 == 3 else 1] for j, i in enumerate(rows)
+    ]
+    table = pa.table(
+        {
+            "messages": pa.array([json.dumps(c) for c in convs], type=pa.string()),
+            "images": pa.array(imgs, type=pa.list_(pa.binary())),
+            "score": pa.array([score(i) for i in rows], type=pa.float64()),
+        }
+    )
+    pq.write_table(table, path, row_group_size=16)
+
+
 def _write_interleaved(path: str, texts: list[str], images: list[bytes], first: int) -> None:
     """Documents of 1..3 text segments and one or two images; duplicated texts make duplicate documents."""
     import pyarrow as pa
@@ -138,6 +168,7 @@ def write_compose_root(root: str) -> str:
         write_tokens(f"{root}/pretok/{name}/0.npy", [np.asarray(a) for a in tok.encode_batch(part)], dtype="int32")
         _write_image_text(f"{root}/image_text/{name}/0.parquet", part, images[lo:hi], lo)
         _write_interleaved(f"{root}/interleaved/{name}/0.parquet", part, images[lo:hi], lo)
+        _write_vlchat(f"{root}/vlchat/{name}/0.parquet", texts, range(lo, hi), images[lo:hi])
     bad_texts = texts[:6]
     _jsonl(f"{root}/bad/text.jsonl", [{"body": t} for t in bad_texts] + [{"text": t} for t in bad_texts])
     _jsonl(
@@ -148,6 +179,7 @@ def write_compose_root(root: str) -> str:
     broken = [b"not an image at all"] * 6 + images[:6]
     _write_image_text(f"{root}/bad/image_text.parquet", bad_texts * 2, broken, 0)
     _write_interleaved(f"{root}/bad/interleaved.parquet", bad_texts * 2, broken, 0)
+    _write_vlchat(f"{root}/bad/vlchat.parquet", texts, range(12), broken)  # 6 broken images, then 6 good
     return root
 
 
@@ -165,6 +197,8 @@ def _datasets(kind: str) -> list[dict[str, Any]]:
             d |= {"path": f"text/{name}/*.jsonl"}
         elif kind == "chat":
             d |= {"path": f"chat/{name}/*.jsonl", "kind": "chat", "long": "truncate_turns"}
+        elif kind == "vlchat":
+            d |= {"path": f"vlchat/{name}/*.parquet", "kind": "chat", "image_field": "images", "long": "truncate_turns"}
         elif kind == "pretok":
             d |= {"path": f"pretok/{name}/*.npy", "format": "tokens", "dtype": "int32"}
         else:
@@ -176,11 +210,14 @@ def _datasets(kind: str) -> list[dict[str, Any]]:
 #: the bad-records file of a dataset of each kind (pretokenized ids have no bad record to write)
 BAD = {"text": "bad/text.jsonl", "chat": "bad/chat.jsonl", "image_text": "bad/image_text.parquet"}
 BAD["interleaved"] = "bad/interleaved.parquet"
+BAD["vlchat"] = "bad/vlchat.parquet"
 
 
 def kind_of(kind: str, dataset: dict) -> str:
     if dataset.get("format") == "tokens":
         return "pretok"
+    if dataset.get("kind") == "chat" and "image_field" in dataset:
+        return "vlchat"
     return {"chat": "chat", "image_text": "image_text", "interleaved": "interleaved"}.get(
         dataset.get("kind", ""), "text"
     )
@@ -190,8 +227,10 @@ def base_config(kind: str, root: str) -> dict[str, Any]:
     """A small recipe of two datasets of ``kind`` (``mix``: a text and a chat dataset)."""
     from zephon.data import BUNDLED_TOKENIZER
     from zephon.data.chat import CHAT_TOKENIZER
+    from zephon.data.chatimages import VL_CHAT_TOKENIZER
 
     tokenizer = {"text": BUNDLED_TOKENIZER, "pretok": BUNDLED_TOKENIZER, "chat": CHAT_TOKENIZER}
+    tokenizer["vlchat"] = VL_CHAT_TOKENIZER  # ChatML's and Qwen-VL's special tokens
     cfg: dict[str, Any] = {
         "seed": 31,
         "lanes": 4,
@@ -204,10 +243,10 @@ def base_config(kind: str, root: str) -> dict[str, Any]:
         "shuffle": {"buffer": 4},
         "workers": {"count": 0},
     }
-    if kind in ("chat", "mix"):
+    if kind in ("chat", "mix", "vlchat"):
         cfg["pack"]["algorithm"] = "best_fit"  # a conversation stays in one row
         cfg["seq_len"] = 256  # a user turn and an answer of up to 500 characters each
-    if kind in ("image_text", "interleaved"):
+    if kind in ("image_text", "interleaved", "vlchat"):
         cfg["vision"] = {"patch_size": 16, "merge_size": 2, "min_pixels": 1024, "max_pixels": 4096}
     return cfg
 

@@ -54,7 +54,7 @@ def check_chat(spec: RecipeSpec) -> None:
             'use "drop", "truncate" or "truncate_turns"'
         )
     whole = [s.name for s in chat if s.long != "split"]
-    if whole and spec.pack.algorithm == "greedy":
+    if whole and spec.pack.algorithm == "greedy" and not spec.multimodal:  # images: MMPack places whole
         raise RecipeError(
             f'recipe: [pack] algorithm = "greedy" cuts conversations across rows (chat dataset {whole[0]!r}); '
             'set algorithm = "first_fit" or "best_fit" (a conversation stays in one row), or long = "split"'

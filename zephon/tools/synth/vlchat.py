@@ -222,7 +222,7 @@ def make_vl_chat_corpus(
     """Vision-language chat data under ``root``, every dataset read with ``kind = "chat"``;
     returns ``{name: glob}``:
 
-    - ``chat_wds``: 2 tar shards (messages form; sharegpt form in the second);
+    - ``chat_wds``: 2 tar shards (messages form: a dataset's records have one form);
     - ``chat_parquet``: 2 Parquet shards (message structs + binary images; JSON text + Hugging
       Face image structs);
     - ``chat_jsonl``: 2 JSON Lines files (an ``images`` list; paths in the content parts);
@@ -235,9 +235,8 @@ def make_vl_chat_corpus(
     root = os.fspath(root)
     half = lambda k: k // 2  # noqa: E731
     wds = generate_vl_conversations(n_wds, seed)
-    sg = generate_vl_conversations(n_wds, seed, form="sharegpt")
     write_vl_chat_wds(os.path.join(root, "chat_wds", "vl-0000.tar"), wds[: half(n_wds)])
-    write_vl_chat_wds(os.path.join(root, "chat_wds", "vl-0001.tar"), sg[half(n_wds) :])
+    write_vl_chat_wds(os.path.join(root, "chat_wds", "vl-0001.tar"), wds[half(n_wds) :])
     pq = generate_vl_conversations(n_parquet, seed + 1)
     write_vl_chat_parquet(os.path.join(root, "chat_parquet", "vl-0000.parquet"), pq[: half(n_parquet)], 8)
     write_vl_chat_parquet(
