@@ -17,6 +17,7 @@ import numpy as np
 
 from zephon.data.datasets import MMRecord, image_header_size
 from zephon.nodes import PartProvenance, Provenance, part_span, provenance_entry, row_spans, sample_layout
+from zephon.nodes.worksource import WorkItem
 
 from .batch_images import image_blocks, is_multimodal, row_images
 
@@ -37,7 +38,7 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
     so that a surprising sample can be traced back to its source bytes.
 
     One dict per segment, in row order. Every entry has ``dataset``, ``kind`` (the dataset's:
-    "text", "image_text" or "interleaved"), ``file``, ``locator``, ``shard``, ``record``,
+    "text", "chat", "image_text" or "interleaved"), ``file``, ``locator``, ``shard``, ``record``,
     ``epoch``, ``tokens`` (the range within the document's / sample's tokens, BOS/EOS
     included), ``row_positions`` (where those tokens sit among the row's ``seq_len + 1``
     tokens: the inputs, then the last label, so ``stop`` may be ``seq_len + 1``), ``text`` (the
@@ -60,6 +61,10 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
     ``height`` (the source image's, EXIF orientation applied). Re-reading a cited caption and
     tokenizing it gives back the row's text tokens; re-reading a cited image and preprocessing it
     (:func:`zephon.nodes.images.preprocess_image`) gives back the batch's pixels.
+
+    Conversations (``kind`` "chat") have ``conversation`` (the record's JSON text), ``trained``
+    (how many of the row's tokens are targets) and, with images, ``images`` as above; their
+    ``text`` is the rendered conversation the tokens spell.
 
     The module docstring has a worked example (an image-caption tar shard); ``tests/tools/
     test_display.py`` and ``tests/tools/test_display_mm.py`` re-read every cited range of text,
@@ -86,8 +91,51 @@ def provenance(recipe: Any, batch: dict[str, Any], row: int) -> list[dict[str, A
         kind = recipe.datasets[e.dataset].kind
         if kind == "text":
             out.append(_text_provenance(recipe, p, e, rowpos))
+        elif kind == "chat":
+            out.append(_chat_provenance(recipe, p, e, rowpos, blocks))
         else:
             out.append(_mm_provenance(recipe, p, kind, e, rowpos, blocks))
+    return out
+
+
+def _chat_provenance(
+    recipe: Any, p: Any, e: Provenance | PartProvenance, rowpos: tuple[int, int] | None, blocks: Sequence[dict]
+) -> dict[str, Any]:
+    """A conversation's provenance: its record (the conversation's JSON text), the rendered text
+    of the row's tokens, how many of them are trained on, and each of its images' source (a
+    conversation is never split, so the row holds all of it). Encoding the re-read record with
+    the recipe's encoder gives back the row's tokens."""
+    d, shard, record, epoch, t0, t1 = e[:6]
+    ix = p.indexes[d]
+    rec = ix.read(shard, [record])[0]
+    doc = p.pipeline.encoders[d]([WorkItem(d, shard, record, epoch, 0)], {(d, shard, record): rec})[0]
+    if getattr(doc, "skipped", None) or (not hasattr(rec, "segments") and not isinstance(rec, str)):
+        raise ValueError(f"record {record} of {ix.shards[shard].path} is no longer readable: {rec}")
+    loc = ix.locate(shard, record)
+    mask = doc.mask if doc.mask is not None else np.ones(len(doc.tokens), bool)
+    out = {"dataset": recipe.datasets[d].name, "kind": "chat", "file": loc["file"], "locator": loc["locator"]}
+    out.update({k: loc[k] for k in ("key", "row") if k in loc})
+    out |= {
+        "record": record,
+        "shard": shard,
+        "epoch": epoch,
+        "tokens": (t0, t1),
+        "row_positions": rowpos,
+        "text": p.tokenizer.decode(doc.tokens[t0:t1]),
+        "trained": int(mask[t0 + 1 : t1].sum()),  # tokens that are targets (the first never is, in a row)
+        "conversation": rec.segments[0] if hasattr(rec, "segments") else rec,
+        "file_bytes": (loc["byte_offset"], loc["byte_offset"] + loc["byte_length"]) if "byte_offset" in loc else None,
+        "images": [],
+    }
+    if hasattr(rec, "segments") and len(rec.segments) > 1:
+        sources = ix.sources(shard, record)
+        mine = [b for b in blocks if rowpos is not None and rowpos[0] <= b["start"] < rowpos[1]]
+        for j, seg in enumerate(rec.segments[1 : 1 + len(doc.grid_thw)]):
+            b = mine[j] if j < len(mine) else None
+            where = (b["start"], b["stop"]) if b is not None else None
+            info = {k: v for k, v in sources[j + 1].items() if k != "kind"} if j + 1 < len(sources) else {}
+            a, z = (where[0] - rowpos[0] + t0, where[1] - rowpos[0] + t0) if where and rowpos else (0, 0)
+            out["images"].append(_image_entry(seg, j + 1, info, a, z, b, where))
     return out
 
 
