@@ -32,7 +32,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from zephon.data import BadRecord, ChatRenderer, ConversationError, DataError, ShardIndex
-from zephon.data.chat import parse_conversation, select_mask
+from zephon.data.chat import ROLES, parse_conversation, select_mask
 from zephon.data.chatbounds import ChatTimeoutError
 from zephon.engine import ProcessLocal
 
@@ -70,12 +70,30 @@ class ChatDoc(NamedTuple):
 
 @dataclass(frozen=True)
 class ChatOptions:
-    """One chat dataset's settings: record form, turns trained on, long policy, system prompt."""
+    """One chat dataset's settings: record form, turns trained on, long policy, system prompt,
+    its role mapping (``roles``, applied before every check) and whether its template's own
+    roles are accepted (``template_roles``: data version 6; before, only the standard ones)."""
 
     format: str = "messages"
     loss_on: str = "all"
     long: str = "drop"
     system_prompt: str | None = None
+    roles: Mapping[str, str] | None = None
+    template_roles: bool = True
+
+    def accepted(self, renderer: ChatRenderer) -> tuple[str, ...]:
+        """The roles a conversation may have, rendered with ``renderer``."""
+        return renderer.roles if self.template_roles else ROLES
+
+    def role_rules(self, renderer: ChatRenderer) -> dict[str, Any]:
+        """The role arguments of :func:`~zephon.data.chat.parse_conversation` for conversations
+        rendered with ``renderer``: accepted roles, this dataset's mapping, the template's roles."""
+        return {"roles": self.accepted(renderer), "rename": self.roles, "known": renderer.roles}
+
+    def parse(self, value: Any, renderer: ChatRenderer) -> dict[str, Any]:
+        """A record's value as a checked conversation (:func:`~zephon.data.chat.parse_conversation`
+        with these settings), to be rendered with ``renderer``."""
+        return parse_conversation(value, self.format, self.system_prompt, **self.role_rules(renderer))
 
 
 def fit_conversation(
@@ -144,8 +162,7 @@ class FetchChat(ProcessLocal):
     def conversation(self, d: int, value: str) -> dict[str, Any]:
         """Dataset ``d``'s record ``value`` (its JSON text) as a conversation (raises
         :class:`ConversationError` when it is not one)."""
-        opts = self.options[d]
-        return parse_conversation(value, opts.format, opts.system_prompt)
+        return self.options[d].parse(value, self.renderers[d])
 
     def view(self, d: int) -> Callable[[Any, str], str]:
         """How a rule sees dataset ``d``'s records: ``"rendered"`` (the conversation as the chat

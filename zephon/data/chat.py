@@ -3,7 +3,8 @@
 A conversation is a list of messages in the form Hugging Face and OpenAI use (``{"role",
 "content"}``, assistant ``tool_calls``, ``tool`` results, an optional leading ``system``), or the
 ShareGPT form (``{"from", "value"}``, roles mapped by :data:`SHAREGPT_ROLES`). A record may also
-be an object ``{"messages": [...], "tools": [...]}`` (tool schemas the template shows).
+be an object ``{"messages": [...], "tools": [...]}`` (tool schemas the template shows). Which
+roles are accepted, how a dataset renames them and where each may come: :mod:`zephon.data.chatroles`.
 
 Rendering uses transformers' own Jinja renderer (what ``apply_chat_template`` runs) with the
 template from ``tokenizer_config.json`` or one named in the recipe (:data:`TEMPLATES`, or a
@@ -40,7 +41,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,7 @@ from zephon.data.chatbounds import (
     late_message,
     too_long_message,
 )
+from zephon.data.chatroles import ROLES, SHAREGPT_ROLES, TOOL_RESULTS, may_follow, role_refusal, template_roles
 
 __all__ = [
     "CHAT_FORMATS",
@@ -63,6 +65,7 @@ __all__ = [
     "ROLES",
     "SHAREGPT_ROLES",
     "TEMPLATES",
+    "TOOL_RESULTS",
     "ChatEncoding",
     "ChatRenderer",
     "ConversationError",
@@ -70,23 +73,13 @@ __all__ = [
     "parse_conversation",
     "render_limit",
     "select_mask",
+    "template_roles",
 ]
 
 #: how a record holds its conversation: OpenAI / HF ``messages`` or ShareGPT ``conversations``
 CHAT_FORMATS = ("messages", "sharegpt")
 #: which assistant turns are trained on
 LOSS_ON = ("all", "last")
-ROLES = ("system", "user", "assistant", "tool")
-#: ShareGPT ``from`` values and the roles they become
-SHAREGPT_ROLES = {
-    "system": "system",
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "tool": "tool",
-    "observation": "tool",
-}
 _ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "chat")
 #: a demo/test tokenizer: the bundled BPE plus ChatML's ``<|im_start|>`` / ``<|im_end|>`` special
 #: tokens, its ``tokenizer_config.json`` holding the ChatML template without generation markers
@@ -152,28 +145,40 @@ def _strings(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
             yield from _strings(v, f"{key}[{j}]")
 
 
-def _roles_of(raw: list[Any], fmt: str) -> list[dict[str, Any]]:
+def _roles_of(
+    raw: list[Any],
+    fmt: str,
+    roles: Sequence[str] = ROLES,
+    rename: Mapping[str, str] | None = None,
+    known: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """The messages with their roles renamed (``rename`` first; a ShareGPT ``from`` then by
+    :data:`SHAREGPT_ROLES`, or as it is) and each one of the accepted ``roles``."""
+    rename = dict(rename or {})
     out = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
             raise ConversationError(f"message {i} is {type(m).__name__}, not an object")
         if fmt == "sharegpt":
+            names = SHAREGPT_ROLES | rename
             who = m.get("from")
-            if who not in SHAREGPT_ROLES:
-                raise ConversationError(
-                    f"message {i} has unknown 'from' {who!r} (known: {', '.join(sorted(SHAREGPT_ROLES))})"
-                )
-            out.append({"role": SHAREGPT_ROLES[who], "content": m.get("value")})
+            role = names.get(who, who) if isinstance(who, str) else None
+            if role not in roles:
+                known_names = [*sorted(names), *(r for r in roles if r not in names)]
+                raise ConversationError(role_refusal(i, "'from'", who, known_names, known))
+            out.append({"role": role, "content": m.get("value")})
             continue
         role = m.get("role")
-        if role not in ROLES:
-            raise ConversationError(f"message {i} has unknown role {role!r} (known: {', '.join(ROLES)})")
-        out.append({k: v for k, v in m.items() if v is not None})
+        role = rename.get(role, role) if isinstance(role, str) else role
+        if role not in roles:
+            raise ConversationError(role_refusal(i, "role", m.get("role"), roles, known))
+        out.append({k: v for k, v in m.items() if v is not None} | {"role": role})
     return out
 
 
 def _check_turns(msgs: list[dict[str, Any]], parts: bool = False) -> None:
-    """System first only; then user, assistant (tool results after an assistant's tool calls).
+    """System first only; then user, assistant (tool results after an assistant's tool calls; a
+    template's own roles where :func:`~zephon.data.chatroles.may_follow` says).
     ``parts``: a content may be a list of content parts (checked by :mod:`.chatimages`)."""
     prev = None
     for i, m in enumerate(msgs):
@@ -188,13 +193,7 @@ def _check_turns(msgs: list[dict[str, Any]], parts: bool = False) -> None:
             raise ConversationError(f"message {i} ({role}) content is {type(content).__name__}, not a string")
         if content is None and not (role == "assistant" and m.get("tool_calls")):
             raise ConversationError(f"message {i} ({role}) has no content")
-        ok = {
-            "system": prev is None,
-            "user": prev in (None, "system", "assistant"),
-            "assistant": prev in ("user", "tool"),
-            "tool": prev == "tool" or (prev == "assistant" and bool(msgs[i - 1].get("tool_calls"))),
-        }[role]
-        if not ok:
+        if not may_follow(role, prev, msgs[i - 1] if i else None):
             after = f"after a {prev} message" if prev else "first"
             raise ConversationError(f"message {i} ({role}) comes {after}: turns must alternate user, assistant")
         prev = role
@@ -203,12 +202,22 @@ def _check_turns(msgs: list[dict[str, Any]], parts: bool = False) -> None:
 
 
 def parse_conversation(
-    value: Any, fmt: str = "messages", system_prompt: str | None = None, *, parts: bool = False
+    value: Any,
+    fmt: str = "messages",
+    system_prompt: str | None = None,
+    *,
+    parts: bool = False,
+    roles: Sequence[str] = ROLES,
+    rename: Mapping[str, str] | None = None,
+    known: Sequence[str] = (),
 ) -> dict[str, Any]:
     """``{"messages": [...], "tools": [...] | None}`` from a record's value (a list of messages,
     a JSON text of one, or an object with ``messages`` / ``conversations`` and ``tools``),
-    checked: known roles, alternating turns, at least one assistant turn. ``system_prompt`` is
-    put first when the conversation has no system message. ``parts``: contents may be lists of
+    checked: accepted ``roles`` (a renderer's :attr:`ChatRenderer.roles` to accept its template's
+    own), alternating turns, at least one assistant turn. ``rename`` maps the record's roles
+    first (a ShareGPT ``from``, or a ``role``); ``known``: the template's roles, named when a role
+    is refused (one of them not accepted is refused naming ``data_version = 6``). ``system_prompt``
+    is put first when the conversation has no system message. ``parts``: contents may be lists of
     content parts (vision-language chat: :func:`zephon.data.chatimages.parse_vl_conversation`).
 
     >>> parse_conversation([{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}], "sharegpt")["messages"]
@@ -229,7 +238,7 @@ def parse_conversation(
         value = value.get("messages", value.get("conversations"))
     if not isinstance(value, list) or not value:
         raise ConversationError("the conversation is not a non-empty list of messages")
-    msgs = _roles_of(value, fmt)
+    msgs = _roles_of(value, fmt, roles, rename, known)
     if system_prompt is not None and msgs[0]["role"] != "system":
         msgs.insert(0, {"role": "system", "content": system_prompt})
     _check_turns(msgs, parts)
@@ -314,7 +323,8 @@ class ChatRenderer:
     """Renders conversations with one chat template and finds their assistant tokens.
 
     A picklable handle (the tokenizer is reloaded lazily in each process). ``fingerprint`` names
-    the template, so a recipe's data changes when its template does.
+    the template, so a recipe's data changes when its template does. ``roles``: the standard
+    roles, then the template's own (:func:`template_roles`), the roles it can render.
     """
 
     def __init__(self, tokenizer_path: str, template: str, timeout_s: float = 300.0) -> None:
@@ -324,6 +334,7 @@ class ChatRenderer:
         self.exact_turns = EXACT_TURNS
         self.markers = bool(_GENERATION.search(template))
         self.fingerprint = hashlib.sha256(template.encode("utf-8")).hexdigest()[:16]
+        self.roles: tuple[str, ...] = (*ROLES, *(r for r in template_roles(template) if r not in ROLES))
         self._lock = threading.Lock()
         self._tok: Any = None
         tok = self._tokenizer()

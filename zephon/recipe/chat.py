@@ -1,8 +1,11 @@
 """Chat datasets in a recipe (``kind = "chat"``): their index, templates, token estimates and
 the mapper's batch function, in one place so the rest of the assembly changes by a few lines.
 
-A chat dataset's record is a conversation, read as JSON text (``text_mode = "json"``), rendered
-with its ``chat_template`` (the tokenizer's own when not given) and masked (``loss_on``); see
+A chat dataset's record is a conversation, read as JSON text (``text_mode = "json"``), its roles
+mapped by the dataset's ``roles`` (e.g. ``{"human" = "user", "function_response" = "ipython"}``),
+rendered with its ``chat_template`` (the tokenizer's own when not given) and masked (``loss_on``).
+From data version 6 the template's own roles are accepted (Llama 3.1's ``ipython``); before,
+only the standard ones (:data:`zephon.data.chat.ROLES`). See
 :mod:`zephon.data.chat` and :class:`zephon.nodes.FetchChat`. The templates' text enters the
 recipe fingerprint (:func:`templates_digest`). Mixing by tokens counts a chat dataset's tokens
 by ``[mixing] count``: ``"all"`` rendered tokens, or ``"loss"`` (the assistant tokens trained
@@ -18,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from zephon.data import ChatRenderer, ConversationError, ShardIndex
-from zephon.data.chat import load_chat_template, parse_conversation
+from zephon.data.chat import load_chat_template
 from zephon.data.chatbounds import ChatTimeoutError
 from zephon.data.chatimages import parse_vl_conversation
 from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, FetchVisionChat, fit_conversation
@@ -39,14 +42,23 @@ __all__ = [
 ]
 
 #: the dataset keys of chat datasets only
-CHAT_KEYS = ("chat_template", "chat_format", "loss_on", "long", "system_prompt")
+CHAT_KEYS = ("chat_template", "chat_format", "loss_on", "long", "system_prompt", "roles")
+#: the first data version accepting a chat template's own roles (Llama 3's ``ipython``)
+TEMPLATE_ROLES_VERSION = 6
 
 
 def check_chat(spec: RecipeSpec) -> None:
     """The packer keeps a conversation in one row (first_fit / best_fit) unless its dataset allows
     splitting (``long = "split"``); a conversation with images is never split (its images would
-    be cut from their context)."""
+    be cut from their context); ``roles`` is a table of names."""
     chat = [s for s in spec.datasets if s.kind == CHAT_KIND]
+    for s in chat:
+        _check_roles_key(s.roles, f"[[datasets]] {s.name!r}")
+        if s.roles and s.has_images:  # the conversations with images are parsed apart (chatimages)
+            raise RecipeError(
+                f"recipe: [[datasets]] {s.name!r}.roles does not apply to conversations with images yet; rename "
+                "the roles in the data, or remove roles"
+            )
     split = [s.name for s in chat if s.has_images and s.long == "split"]
     if split:
         raise RecipeError(
@@ -61,16 +73,52 @@ def check_chat(spec: RecipeSpec) -> None:
         )
 
 
+def _check_roles_key(roles: Any, where: str) -> None:
+    """A chat dataset's ``roles``: a table of role names to role names (where each maps to is
+    checked against its template's roles when the recipe is prepared: :func:`chat_renderers`)."""
+    if roles is None:
+        return
+    if not isinstance(roles, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in roles.items()
+    ):
+        shown = repr(roles)
+        raise RecipeError(
+            f'recipe: {where}.roles must be a table of names to non-empty role names, e.g. roles = {{"human" = '
+            f'"user"}}, got {shown[:80] + "..." if len(shown) > 80 else shown}'
+        )
+
+
 def _options(spec: RecipeSpec) -> dict[int, ChatOptions]:
+    own = spec.data_version >= TEMPLATE_ROLES_VERSION
     return {
-        d: ChatOptions(s.chat_format, s.loss_on, s.long, s.system_prompt)
+        d: ChatOptions(s.chat_format, s.loss_on, s.long, s.system_prompt, s.roles, own)
         for d, s in enumerate(spec.datasets)
         if s.kind == CHAT_KIND
     }
 
 
+def _check_roles(spec: RecipeSpec, d: int, renderer: ChatRenderer) -> None:
+    """A dataset's ``roles`` maps to accepted roles only (else every conversation using it
+    would be a bad record): refused when the recipe is prepared, where its template is read."""
+    s = spec.datasets[d]
+    accepted = _options(spec)[d].accepted(renderer)
+    for src, dst in (s.roles or {}).items():
+        if dst not in accepted:
+            later = (
+                f", or set data_version = {TEMPLATE_ROLES_VERSION} (the chat template's own roles, {dst!r} among "
+                "them, are accepted from it)"
+                if dst in renderer.roles
+                else ""
+            )
+            raise RecipeError(
+                f"recipe: dataset {s.name!r}: roles maps {src!r} to {dst!r}, which is not an accepted role "
+                f"(accepted: {', '.join(accepted)}); map it to one of them{later}"
+            )
+
+
 def chat_renderers(spec: RecipeSpec) -> dict[int, ChatRenderer]:
-    """A renderer per chat dataset (by dataset index), its template found as the recipe says."""
+    """A renderer per chat dataset (by dataset index), its template found as the recipe says
+    (a ``roles`` mapping to a role it does not accept is refused)."""
     out = {}
     for d, s in enumerate(spec.datasets):
         if s.kind != CHAT_KIND:
@@ -83,6 +131,7 @@ def chat_renderers(spec: RecipeSpec) -> dict[int, ChatRenderer]:
             )
         except (OSError, ValueError) as e:
             raise RecipeError(f"recipe: dataset {s.name!r}: {e}") from None
+        _check_roles(spec, d, out[d])
     return out
 
 
@@ -123,7 +172,7 @@ def estimate_chat(
                 else:
                     if not isinstance(rec, str):
                         raise ConversationError(str(getattr(rec, "reason", rec)))
-                    enc = renderer.encode(parse_conversation(rec, opts.format, opts.system_prompt))
+                    enc = renderer.encode(opts.parse(rec, renderer))
                     got, _ = fit_conversation(enc.ids, enc.turns, opts, spec.seq_len + 1)  # what the run delivers
             except ChatTimeoutError as e:  # not a bad record: whether it happens depends on the machine
                 where = index.locate(s, r)

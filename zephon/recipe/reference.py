@@ -154,7 +154,7 @@ def _type(k: Key, annotation: str) -> str:
     shown = (
         annotation.replace(" | None", "").replace("tuple[str, ...]", "list of str").replace("tuple[Any, ...]", "list")
     )
-    return _cell(shown.replace("Mapping[str, Any]", "table"))
+    return _cell(shown.replace("Mapping[str, Any]", "table").replace("Mapping[str, str]", "table of str"))
 
 
 def _cells(cls: type, f: dataclasses.Field) -> list[str]:

@@ -201,6 +201,12 @@ class DatasetSpec:
     loss_on: str = key("all", choices=LOSS_ON, new=True, doc='chat: train on "all" assistant turns or the "last"')
     long: str = key("drop", choices=LONG, new=True, doc="chat: a conversation longer than a row (drop/truncate/...)")
     system_prompt: str | None = key(None, new=True, doc="chat: a system message put first when a record has none")
+    roles: Mapping[str, str] | None = key(
+        None,
+        read="rule",
+        new=True,
+        doc='chat: rename the records\' roles before every check, e.g. {"human" = "user", "function_response" = "ipython"}',
+    )
 
     @property
     def has_images(self) -> bool:
