@@ -123,7 +123,7 @@ class FetchVisionChat(ProcessLocal):
         parts (raises :class:`ConversationError` when it is not one)."""
         opts = self.options[d]
         text = value.segments[0] if hasattr(value, "segments") else value
-        return parse_vl_conversation(text, opts.format, opts.system_prompt)
+        return parse_vl_conversation(text, opts.format, opts.system_prompt, **opts.role_rules(self.renderers[d]))
 
     def view(self, d: int) -> Callable[[Any, str], str]:
         """How a rule sees dataset ``d``'s records: ``"rendered"`` (the conversation as its template

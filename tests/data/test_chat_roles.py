@@ -356,10 +356,6 @@ def test_a_mapping_to_a_role_not_accepted_is_refused_in_one_line(tmp_path):
     text["datasets"].append({"name": "web", "path": "msgs/*.jsonl", "roles": {"a": "user"}})
     with pytest.raises(RecipeError, match=r"'web'.roles only applies to kind = \"chat\""):
         Recipe(text, str(tmp_path / "d"))
-    text = _write(str(tmp_path / "e"))
-    text["datasets"][0]["image_field"] = "images"  # vision-language chat: not mapped yet, so refused
-    with pytest.raises(RecipeError, match=r"'msgs'.roles does not apply to conversations with images yet"):
-        Recipe(text, str(tmp_path / "e"))
 
 
 def test_roles_enter_the_data_definition_only_when_given(tmp_path):

@@ -315,3 +315,12 @@ def test_small_images_follow_torchtitan():
     msgs = [{"role": "user", "content": "<image>" * len(small)}, {"role": "assistant", "content": "small"}]
     doc = encode(encoder(), msgs, small)
     assert int((doc.tokens == SPECIAL["image"]).sum()) * 4 == len(doc.pixel_values) == int(doc.grid_thw.prod(1).sum())
+
+
+def test_a_dataset_maps_its_roles():
+    """``roles`` renames a conversation's roles before every check, in both forms (issue 32)."""
+    msgs, images = SET[2]
+    want = encode(encoder(), msgs, images)
+    renamed = [{**m, "from": {"human": "usr", "gpt": "bot"}.get(m["from"], m["from"])} for m in as_llava(msgs)]
+    got = encode(encoder(format="sharegpt", roles={"usr": "user", "bot": "assistant"}), renamed, images)
+    assert got.tokens.tolist() == want.tokens.tolist() and got.mask.tolist() == want.mask.tolist()

@@ -235,3 +235,17 @@ def test_provenance_names_each_conversation_and_its_images(recipe, batches):
                     assert im["index"] is not None and im["grid"] == tuple(b["grid_thw"][im["index"]].tolist())
                     seen += 1
     assert seen >= 5
+
+
+def test_inspect_tells_each_datasets_trained_share(root, capsys):
+    from toml_writer import to_toml
+
+    from zephon.tools.cli import main
+
+    path = os.path.join(root, "vlchat.toml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(to_toml(config()))
+    assert main(["inspect", path, "--measure-steps", "3"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("trained tokens"))
+    shares = dict(part.rsplit(" ", 1) for part in line.split(": ", 1)[1].split(", "))
+    assert 0 < float(shares["cp"]) < 0.9 and float(shares["web"]) > 0.9

@@ -112,15 +112,18 @@ def count_images(messages: list[dict[str, Any]]) -> int:
     )
 
 
-def parse_vl_conversation(value: Any, fmt: str = "messages", system_prompt: str | None = None) -> dict[str, Any]:
+def parse_vl_conversation(
+    value: Any, fmt: str = "messages", system_prompt: str | None = None, **roles: Any
+) -> dict[str, Any]:
     """:func:`~zephon.data.chat.parse_conversation` for a conversation with images: checked the
-    same way, its images as content parts (module doc); ``images`` says how many it shows.
+    same way (``roles``: its role arguments), its images as content parts (module doc);
+    ``images`` says how many it shows.
 
     >>> conv = parse_vl_conversation([{"from": "human", "value": "<image>\\nWhat?"}, {"from": "gpt", "value": "A cat."}],
     ...                              "sharegpt")
     >>> conv["images"], conv["messages"][0]["content"]
     (1, [{'type': 'image'}, {'type': 'text', 'text': '\\nWhat?'}])
     """
-    conv = parse_conversation(value, fmt, system_prompt, parts=True)
+    conv = parse_conversation(value, fmt, system_prompt, parts=True, **roles)
     msgs = image_parts(conv["messages"])
     return {**conv, "messages": msgs, "images": count_images(msgs)}

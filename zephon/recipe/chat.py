@@ -54,11 +54,6 @@ def check_chat(spec: RecipeSpec) -> None:
     chat = [s for s in spec.datasets if s.kind == CHAT_KIND]
     for s in chat:
         _check_roles_key(s.roles, f"[[datasets]] {s.name!r}")
-        if s.roles and s.has_images:  # the conversations with images are parsed apart (chatimages)
-            raise RecipeError(
-                f"recipe: [[datasets]] {s.name!r}.roles does not apply to conversations with images yet; rename "
-                "the roles in the data, or remove roles"
-            )
     split = [s.name for s in chat if s.has_images and s.long == "split"]
     if split:
         raise RecipeError(
@@ -205,7 +200,7 @@ class _ImageRuns:
     def fit(self, renderer: ChatRenderer, opts: ChatOptions, rec: Any, s: int, r: int) -> Any:
         if not hasattr(rec, "segments"):
             raise ConversationError(str(getattr(rec, "reason", rec)))
-        conv = parse_vl_conversation(rec.segments[0], opts.format, opts.system_prompt)
+        conv = parse_vl_conversation(rec.segments[0], opts.format, opts.system_prompt, **opts.role_rules(renderer))
         if conv["images"] != len(rec.segments) - 1:
             raise ConversationError("the conversation shows another number of images than its record holds")
         enc = renderer.encode(conv)

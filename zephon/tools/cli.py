@@ -344,47 +344,52 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
         return 0
     if args.cmd == "inspect":
-        print(describe_plan(recipe, args.world_size))
-        world = args.world_size or 1
-        print(recipe.memory_budget().describe(recipe.lanes // world, recipe.prefetch_depth(world)))
-        for s, est in zip(recipe.datasets, recipe.estimates.values()):
-            said = bad_samples_message(s, est, weighed=recipe.spec.data_version >= 5)
-            if said is not None:
-                print(f"warning: {said}")
-        said = warm_line(recipe, args.warm_steps)  # before the measuring run below warms the cache
-        if said:
-            print(said)
-        names = [d.name for d in recipe.datasets]
-        with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
-            batches = [next(g) for _ in range(args.measure_steps)]
-        valid = sum(int((b["document_ids"] >= 0).sum()) for b in batches)
-        total = sum(b["document_ids"].size for b in batches)
-        per_ds = np.bincount(
-            np.concatenate([b["dataset"][b["dataset"] >= 0].ravel() for b in batches]), minlength=len(names)
-        ) / max(valid, 1)
-        print(
-            f"packing efficiency over the first {len(batches)} steps: {valid / max(total, 1):.2%} non-padding tokens; "
-            "realized token shares: " + ", ".join(f"{n} {s:.3f}" for n, s in zip(names, per_ds))
-        )
-        for line in share_report(recipe, per_ds, len(batches)):
-            print(line)
-        if any(d.kind == "chat" for d in recipe.spec.datasets):
-            trained = np.sum([trained_counts(b, len(names)) for b in batches], axis=0)
-            have = np.bincount(
-                np.concatenate([b["dataset"][b["dataset"] >= 0].ravel() for b in batches]), minlength=len(names)
-            )
-            print(
-                "trained tokens (label not -100) as a share of each dataset's tokens: "
-                + ", ".join(f"{n} {t / max(h, 1):.3f}" for n, t, h in zip(names, trained, have))
-            )
-        print(diversity_line(recipe, batches))
-        if args.show:
-            b = batches[0]
-            print()
-            for line in format_batch_rows(recipe, b, args.show, width=2000):
-                print(line)
-        return 0
+        return _inspect(recipe, args)
     return 2
+
+
+def _inspect(recipe: Recipe, args: argparse.Namespace) -> int:
+    """``zephon inspect``: the plan, the memory budget, warnings, and what the first steps deliver."""
+    print(describe_plan(recipe, args.world_size))
+    world = args.world_size or 1
+    print(recipe.memory_budget().describe(recipe.lanes // world, recipe.prefetch_depth(world)))
+    for s, est in zip(recipe.datasets, recipe.estimates.values()):
+        said = bad_samples_message(s, est, weighed=recipe.spec.data_version >= 5)
+        if said is not None:
+            print(f"warning: {said}")
+    said = warm_line(recipe, args.warm_steps)  # before the measuring run below warms the cache
+    if said:
+        print(said)
+    names = [d.name for d in recipe.datasets]
+    with recipe.global_loader(1, workers=WorkerConfig(0)) as g:
+        batches = [next(g) for _ in range(args.measure_steps)]
+    valid = sum(int((b["document_ids"] >= 0).sum()) for b in batches)
+    total = sum(b["document_ids"].size for b in batches)
+    per_ds = np.bincount(
+        np.concatenate([b["dataset"][b["dataset"] >= 0].ravel() for b in batches]), minlength=len(names)
+    ) / max(valid, 1)
+    print(
+        f"packing efficiency over the first {len(batches)} steps: {valid / max(total, 1):.2%} non-padding tokens; "
+        "realized token shares: " + ", ".join(f"{n} {s:.3f}" for n, s in zip(names, per_ds))
+    )
+    for line in share_report(recipe, per_ds, len(batches)):
+        print(line)
+    if any(d.kind == "chat" for d in recipe.spec.datasets):
+        trained = np.sum([trained_counts(b, len(names)) for b in batches], axis=0)
+        have = np.bincount(
+            np.concatenate([b["dataset"][b["dataset"] >= 0].ravel() for b in batches]), minlength=len(names)
+        )
+        print(
+            "trained tokens (label not -100) as a share of each dataset's tokens: "
+            + ", ".join(f"{n} {t / max(h, 1):.3f}" for n, t, h in zip(names, trained, have))
+        )
+    print(diversity_line(recipe, batches))
+    if args.show:
+        b = batches[0]
+        print()
+        for line in format_batch_rows(recipe, b, args.show, width=2000):
+            print(line)
+    return 0
 
 
 if __name__ == "__main__":
