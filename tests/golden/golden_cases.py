@@ -99,6 +99,14 @@ def _vl(root: str) -> Recipe:
     return Recipe.from_toml(path)
 
 
+def _vl_chat(root: str) -> Recipe:
+    """Conversations with images in three forms mixed with image-text, text chat and text, by the
+    tokens trained on (data version 6: image tokens never count)."""
+    from zephon.tools.vlchat_demo import write_vl_chat_recipe
+
+    return Recipe.from_toml(write_vl_chat_recipe(root, conversations=24, count="loss"))
+
+
 #: name -> (builder, steps, checkpoint step, world size the checkpoint is written on)
 CASES: dict[str, tuple[Callable[[str], Recipe], int, int, int]] = {
     "demo": (_demo, 8, 3, 4),
@@ -107,10 +115,11 @@ CASES: dict[str, tuple[Callable[[str], Recipe], int, int, int]] = {
     "text_finite_pad": (_text_finite, 400, 3, 2),
     "vl": (_vl, 6, 2, 2),
     "text_skips": (_text_skips, 10, 4, 2),
+    "vl_chat": (_vl_chat, 8, 3, 4),
 }
 
 #: the first data version of a case added after version 1 (its goldens exist from that version on)
-SINCE = {"text_skips": 5}
+SINCE = {"text_skips": 5, "vl_chat": 6}
 
 
 def cases(version: int) -> list[str]:

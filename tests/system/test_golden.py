@@ -40,6 +40,7 @@ RUNS = {
     "text_finite_pad": [(4, WorkerConfig(2, "thread"))],
     "vl": [(4, WorkerConfig(2, "process"))],
     "text_skips": [(4, WorkerConfig(2, "thread"))],
+    "vl_chat": [(2, WorkerConfig(2, "process")), (4, WorkerConfig(2, "thread"))],
 }
 CASES = [(v, n) for v in VERSIONS for n in gc.cases(v)]
 
