@@ -44,7 +44,10 @@ from zephon.engine import Accumulator
 
 from .rows import IGNORE_INDEX, LABELS, PackingMetrics, PartProvenance, Provenance, mask_document_ends
 
-__all__ = ["MMPack", "mm_pad_batch"]
+__all__ = ["PLACEMENTS", "MMPack", "mm_pad_batch"]
+
+#: how a sample picks its row of the open micro-batch: the first it fits, or the fullest it fits
+PLACEMENTS = ("first_fit", "best_fit")
 
 
 def _blank(rows: int, row_len: int, pad_id: int, mrope: bool) -> dict[str, Any]:
@@ -131,8 +134,12 @@ class MMPack(PackingMetrics, Accumulator):
         mrope: bool = True,
         max_doc_tokens: int | None = None,
         labels: str = "row",
+        placement: str = "first_fit",
     ) -> None:
         super().__init__(source, flush_every=flush_every)
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        self.placement = placement
         if labels not in LABELS:
             raise ValueError(f"pack.labels must be one of {LABELS}, got {labels!r}")
         self.labels = labels
@@ -164,6 +171,8 @@ class MMPack(PackingMetrics, Accumulator):
         yield f"flush_every={self.flush_every}"
         if self.labels != "row":
             yield f"labels={self.labels}"
+        if self.placement != "first_fit":
+            yield f"placement={self.placement}"
 
     def extra_metrics(self) -> dict[str, Any]:
         """The packing counters, the images emitted, and the samples the mapper cut to fit a row
@@ -234,7 +243,10 @@ class MMPack(PackingMetrics, Accumulator):
 
     def _place(self, doc: Any, lo: int, hi: int, k: int) -> None:
         n = hi - lo
-        target = next((r for r in range(self.rows) if self._fits(r, n, k)), None)
+        fits = [r for r in range(self.rows) if self._fits(r, n, k)]
+        if self.placement == "best_fit":  # the fullest row it fits (ties: the first)
+            fits.sort(key=lambda r: self.row_len - self._used[r])
+        target = fits[0] if fits else None
         if target is None:
             self._emit()
             self.clear()

@@ -324,3 +324,17 @@ def test_a_dataset_maps_its_roles():
     renamed = [{**m, "from": {"human": "usr", "gpt": "bot"}.get(m["from"], m["from"])} for m in as_llava(msgs)]
     got = encode(encoder(format="sharegpt", roles={"usr": "user", "bot": "assistant"}), renamed, images)
     assert got.tokens.tolist() == want.tokens.tolist() and got.mask.tolist() == want.mask.tolist()
+
+
+@pytest.mark.parametrize("placement,rows", [("first_fit", [[0, 2], [1]]), ("best_fit", [[0], [1, 2]])])
+def test_mmpack_places_first_or_best_fit(placement, rows):
+    """``best_fit`` (``[pack] algorithm = "best_fit"`` from data version 6) puts a sample in the
+    fullest row it fits; ``first_fit`` in the first (rows of 10 tokens: 5, then 6 opens row 1,
+    then 3 fits both)."""
+    from zephon.nodes import MMDoc
+
+    docs = [MMDoc(np.ones(n, np.int32), 0, WorkItem(0, 0, j, 0, j)) for j, n in enumerate((5, 6, 3))]
+    packer = MMPack(
+        ListSource(docs), seq_len=9, rows=2, patch_dim=12, max_images_per_batch=2, mrope=False, placement=placement
+    )
+    assert [[p.record for p in row] for row in next(packer)["provenance"]] == rows

@@ -160,6 +160,8 @@ def build_lane(p: Prepared, ctx: LaneContext, workers: WorkerConfig | None = Non
             mrope=v.mrope,
             max_doc_tokens=max_doc_tokens(spec),
             labels=spec.pack.labels,
+            # [pack] algorithm = "best_fit" places samples in the fullest row from data version 6 (first fit before)
+            placement="best_fit" if spec.pack.algorithm == "best_fit" and spec.data_version >= 6 else "first_fit",
         )
         return _shuffle(spec, node, ctx.lane, -(-spec.shuffle.buffer // spec.rows_per_lane))  # in micro-batches
     if spec.batch_schedule is not None:

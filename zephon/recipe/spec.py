@@ -109,8 +109,9 @@ COUNT = ("all", "loss")
 #: scaled by the share of good records), so a dataset whose bad records are skipped still realizes
 #: its weight (:func:`zephon.recipe.estimate.estimate_tokens` ``bad_weigh``).
 #: Version 6: a chat template's own roles are accepted (Llama 3's ``ipython``; before, a bad record),
-#: and mixing by trained tokens (``[mixing] count = "loss"``) leaves image tokens out of every
-#: image dataset's weight (they are never trained on).
+#: mixing by trained tokens (``[mixing] count = "loss"``) leaves image tokens out of every
+#: image dataset's weight (they are never trained on), and ``[pack] algorithm = "best_fit"`` places
+#: a recipe's image samples in the fullest row they fit (first fit before).
 DATA_VERSION = 6
 
 #: Settings whose default depends on the data version: ``(section class name, key) -> {first

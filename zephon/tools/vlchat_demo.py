@@ -85,6 +85,7 @@ max_pixels = 4096
 max_images_per_batch = 16
 
 [pack]
+algorithm = "best_fit"  # a sample goes to the fullest row of the micro-batch it fits
 flush_every = 16
 
 [shuffle]
