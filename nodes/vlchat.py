@@ -87,7 +87,8 @@ class FetchVisionChat(ProcessLocal):
     doc). ``renderers`` / ``options``: per such dataset index; ``special`` maps ``image``,
     ``vision_start``, ``vision_end`` (and ``video``) to token ids; ``row_len``: the tokens a row
     holds; ``on_error[d]``: a bad record (a conversation text chat refuses, a missing, extra or
-    unreadable image) stops the run naming it ("raise") or is a counted skip ("skip")."""
+    unreadable image) stops the run naming it ("raise") or is a counted skip ("skip");
+    ``fields[d]``: the key of a record object's messages besides ``messages`` / ``conversations``."""
 
     def __init__(
         self,
@@ -99,9 +100,11 @@ class FetchVisionChat(ProcessLocal):
         *,
         row_len: int,
         on_error: Sequence[str] | None = None,
+        fields: Mapping[int, str] | None = None,
     ) -> None:
         self.datasets = list(datasets)
         self.renderers, self.options = dict(renderers), dict(options)
+        self.fields = dict(fields or {})  # where a record object holds its messages (text_field)
         self.vision, self.special = vision, dict(special)
         self.row_len = int(row_len)
         self.on_error = list(on_error or ["raise"] * len(self.datasets))
@@ -123,7 +126,8 @@ class FetchVisionChat(ProcessLocal):
         parts (raises :class:`ConversationError` when it is not one)."""
         opts = self.options[d]
         text = value.segments[0] if hasattr(value, "segments") else value
-        return parse_vl_conversation(text, opts.format, opts.system_prompt, **opts.role_rules(self.renderers[d]))
+        rules = opts.role_rules(self.renderers[d])
+        return parse_vl_conversation(text, opts.format, opts.system_prompt, self.fields.get(d), **rules)
 
     def view(self, d: int) -> Callable[[Any, str], str]:
         """How a rule sees dataset ``d``'s records: ``"rendered"`` (the conversation as its template

@@ -19,6 +19,7 @@ keeps its text as a string, so a template renders it exactly as in text chat.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -113,17 +114,25 @@ def count_images(messages: list[dict[str, Any]]) -> int:
 
 
 def parse_vl_conversation(
-    value: Any, fmt: str = "messages", system_prompt: str | None = None, **roles: Any
+    value: Any, fmt: str = "messages", system_prompt: str | None = None, field: str | None = None, **roles: Any
 ) -> dict[str, Any]:
     """:func:`~zephon.data.chat.parse_conversation` for a conversation with images: checked the
     same way (``roles``: its role arguments), its images as content parts (module doc);
-    ``images`` says how many it shows.
+    ``images`` says how many it shows. ``field``: where a record object holds its messages when
+    not under ``messages`` / ``conversations`` (the dataset's ``text_field``).
 
     >>> conv = parse_vl_conversation([{"from": "human", "value": "<image>\\nWhat?"}, {"from": "gpt", "value": "A cat."}],
     ...                              "sharegpt")
     >>> conv["images"], conv["messages"][0]["content"]
     (1, [{'type': 'image'}, {'type': 'text', 'text': '\\nWhat?'}])
     """
+    if field and field not in ("messages", "conversations") and isinstance(value, (str, bytes)):
+        try:
+            obj = json.loads(value)
+        except ValueError:
+            obj = None  # parse_conversation says why
+        if isinstance(obj, dict) and field in obj:
+            value = {"messages": obj[field], "tools": obj.get("tools")}
     conv = parse_conversation(value, fmt, system_prompt, parts=True, **roles)
     msgs = image_parts(conv["messages"])
     return {**conv, "messages": msgs, "images": count_images(msgs)}

@@ -157,7 +157,7 @@ def estimate_chat(
     sample = sampler(index, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=d)
     tokens = nbytes = records = 0
     bad: dict[str, tuple[int, str]] = {}
-    images = _ImageRuns(spec, index, special or {}) if spec.datasets[d].has_images else None
+    images = _ImageRuns(spec, d, index, special or {}) if spec.datasets[d].has_images else None
     for s, local in sample:
         sizes = index.record_bytes(s)
         for r, rec in zip(local, index.read(s, local)):
@@ -192,15 +192,17 @@ class _ImageRuns:
     tokens are those the plan weighs by bytes (the image blocks, ``<|vision_start|>`` and
     ``<|vision_end|>`` included, are added per record from the sizes, see ``record_weights``)."""
 
-    def __init__(self, spec: RecipeSpec, index: Any, special: Mapping[str, int]) -> None:
-        self.spec, self.index = spec, index
+    def __init__(self, spec: RecipeSpec, d: int, index: Any, special: Mapping[str, int]) -> None:
+        self.spec, self.d, self.index = spec, d, index
         self.vision = spec.vision.config
         self.special = {k: special[k] for k in ("image", "vision_start", "vision_end")}
 
     def fit(self, renderer: ChatRenderer, opts: ChatOptions, rec: Any, s: int, r: int) -> Any:
         if not hasattr(rec, "segments"):
             raise ConversationError(str(getattr(rec, "reason", rec)))
-        conv = parse_vl_conversation(rec.segments[0], opts.format, opts.system_prompt, **opts.role_rules(renderer))
+        field = self.spec.datasets[self.d].text_field
+        rules = opts.role_rules(renderer)
+        conv = parse_vl_conversation(rec.segments[0], opts.format, opts.system_prompt, field, **rules)
         if conv["images"] != len(rec.segments) - 1:
             raise ConversationError("the conversation shows another number of images than its record holds")
         enc = renderer.encode(conv)
@@ -236,6 +238,7 @@ def vl_chat_encoder(
         special,
         row_len=spec.seq_len + 1,
         on_error=[s.on_error for s in spec.datasets],
+        fields={d: s.text_field for d, s in enumerate(spec.datasets) if s.has_images},
     )
 
 
