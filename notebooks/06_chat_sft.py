@@ -31,7 +31,9 @@
 # 2. shows one packed row: which tokens are trained on, conversation by conversation;
 # 3. checks the mask against transformers' `return_assistant_tokens_mask`;
 # 4. reports the long-conversation policy counts and the realized token shares;
-# 5. checks the hashes across world sizes, workers and a resume.
+# 5. checks the hashes across world sizes, workers and a resume;
+# 6. shows conversations with images (vision-language SFT): a packed batch with its images in
+#    place of their placeholder runs, and each dataset's share of tokens trained on.
 
 # %%
 import json
@@ -157,3 +159,38 @@ with recipe.global_loader(world_size=2) as g:
     g.load_state_dict(state)
     assert first + [batch_sha256(next(g)) for _ in range(2)] == want
 print("same hashes on W = 1, 2, 4, with thread workers, and after a resume from W = 4 on W = 2")
+
+# %% [markdown]
+# ## Conversations with images
+#
+# A chat dataset that names `image_field` (or is read from `.tar` shards) holds conversations
+# whose turns show images, as `{"type": "image"}` content parts or LLaVA's `<image>` markers
+# (`docs/vl-chat.md`). Each image's placeholder is expanded to its grid and its pixels are
+# preprocessed as image-text samples' are; labels are `-100` on every vision token too.
+# `write_vl_chat_recipe` writes a small recipe: conversations in WebDataset, Parquet and LLaVA
+# JSON Lines datasets, mixed with image-caption pairs, text chat and web text. Below, its first
+# rows: each image drawn in place of its placeholder run, the tokens not trained on hatched.
+
+# %%
+from zephon.recipe import LoaderMetrics  # noqa: E402
+from zephon.tools.display import show  # noqa: E402
+from zephon.tools.vlchat_demo import write_vl_chat_recipe  # noqa: E402
+
+vl = Recipe.from_toml(write_vl_chat_recipe(os.path.join(root, "vl"), conversations=16))
+with vl.global_loader(world_size=1) as g:
+    vl_batches = [next(g) for _ in range(4)]
+print({k: getattr(v, "shape", len(v)) for k, v in vl_batches[0].items() if k != "provenance"})
+show(vl_batches[0], vl, max_rows=4, max_chars=400)
+
+# %% [markdown]
+# The share of each dataset's tokens trained on over those 4 steps (the loader metric
+# `trained_share/<dataset>`; `zephon inspect` prints it too): nearly all of plain text, the
+# captions of image-text pairs (not their image tokens), the assistants' text of conversations.
+
+# %%
+metrics = LoaderMetrics(vl)
+for b in vl_batches:
+    metrics.record(b)
+out = metrics.collect()
+for d in vl.datasets:
+    print(f"{d.name:>13} ({d.kind}): trained share {out[f'zephon/trained_share/{d.name}']:.2f}")
