@@ -338,3 +338,14 @@ def test_mmpack_places_first_or_best_fit(placement, rows):
         ListSource(docs), seq_len=9, rows=2, patch_dim=12, max_images_per_batch=2, mrope=False, placement=placement
     )
     assert [[p.record for p in row] for row in next(packer)["provenance"]] == rows
+
+
+def test_a_record_object_holds_its_messages_under_its_text_field():
+    msgs, images = SET[3]
+    want = encode(encoder(), msgs, images)
+    enc = encoder()
+    enc.fields = {0: "dialogue"}
+    got = encode(enc, {"dialogue": msgs, "id": 7}, images)
+    assert got.tokens.tolist() == want.tokens.tolist()
+    with pytest.raises(DataError, match="no conversation under 'messages' \\(its keys: 'dialogue'\\).*text_field"):
+        encode(encoder(), {"dialogue": msgs}, images)

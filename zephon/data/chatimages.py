@@ -126,13 +126,20 @@ def parse_vl_conversation(
     >>> conv["images"], conv["messages"][0]["content"]
     (1, [{'type': 'image'}, {'type': 'text', 'text': '\\nWhat?'}])
     """
-    if field and field not in ("messages", "conversations") and isinstance(value, (str, bytes)):
+    obj = value
+    if isinstance(value, (str, bytes)):
         try:
             obj = json.loads(value)
         except ValueError:
             obj = None  # parse_conversation says why
-        if isinstance(obj, dict) and field in obj:
-            value = {"messages": obj[field], "tools": obj.get("tools")}
+    if isinstance(obj, dict):
+        keys = [k for k in (field, "messages", "conversations") if k and k in obj]
+        if not keys:
+            raise ConversationError(
+                f"the record has no conversation under {field or 'messages'!r} (its keys: "
+                f"{', '.join(map(repr, list(obj)[:8]))}); name its field with the dataset's text_field"
+            )
+        value = {"messages": obj[keys[0]], "tools": obj.get("tools")}
     conv = parse_conversation(value, fmt, system_prompt, parts=True, **roles)
     msgs = image_parts(conv["messages"])
     return {**conv, "messages": msgs, "images": count_images(msgs)}
