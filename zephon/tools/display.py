@@ -67,6 +67,7 @@ from .batch_images import (
     thumbnail_size,
     unpatchify,
 )
+from .chat_html import conversation_html
 from .provenance import provenance, segment_positions
 
 __all__ = [
@@ -268,28 +269,15 @@ class BatchView:
     def _chat_html(self, i: int, seg: dict[str, Any]) -> str:
         """A conversation: its images in place of their placeholder runs, the tokens not trained on
         (system, user, tool turns, each assistant header) hatched."""
-        ids, trained = self.batch["input"][i], self.trained(i)
-        blocks = {b["start"]: b for b in self._blocks(i)}
-        parts, t, hi, budget = [], seg["start"], seg["stop"], self.max_chars
-        while t < hi:
-            if t in blocks:
-                parts.append(self._image_html(blocks[t]))
-                t = blocks[t]["stop"]
-                continue
-            stop = min([b for b in blocks if t < b < hi] + [hi])
-            stop = t + 1 + int(np.argmax(np.append(trained[t + 1 : stop] != trained[t], True)))
-            text = self.tokenizer.decode(ids[t:stop]) if budget > 0 else ""
-            budget -= len(text)
-            text = html.escape(text if budget >= 0 else text[: len(text) + budget] + "…")
-            if trained[t]:
-                parts.append(f'<span class="zp-trained">{text}</span>')
-            elif text:
-                parts.append(
-                    f'<span class="zp-untrained" title="not trained on (label -100)" style="background:'
-                    f'repeating-linear-gradient(45deg,transparent,transparent 3px,#d1d5db 3px,#d1d5db 5px)">{text}</span>'
-                )
-            t = stop
-        return "".join(parts)
+        blocks = {b["start"]: (b["stop"], self._image_html(b)) for b in self._blocks(i)}
+        return conversation_html(
+            self.batch["input"][i],
+            self.trained(i),
+            (seg["start"], seg["stop"]),
+            blocks,
+            self.tokenizer.decode,
+            self.max_chars,
+        )
 
     def _seg_html(self, seg: dict[str, Any], row: int | None = None) -> str:
         if row is not None and seg["dataset_index"] in self.chat:

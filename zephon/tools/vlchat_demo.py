@@ -3,7 +3,7 @@ Parquet, JSON Lines with image files, the LLaVA form) mixed with image-text pair
 plain text, for the tests, the notebook and a first run.
 
 >>> import tempfile
->>> from zephon import Recipe
+>>> from zephon.recipe import Recipe
 >>> r = Recipe.from_toml(write_vl_chat_recipe(tempfile.mkdtemp(), conversations=16))
 >>> [d.name for d in r.datasets], r.multimodal
 (['chat_wds', 'chat_parquet', 'llava', 'pairs', 'talk', 'web'], True)
