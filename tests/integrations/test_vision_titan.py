@@ -330,3 +330,58 @@ def test_checkpoint_manager_multimodal_elastic_resume(recipe_path, tmp_path):
     # the run had images to hash on every world size
     with Recipe.from_toml(recipe_path).global_loader(1) as g:
         assert all(len(next(g)["grid_thw"]) for _ in range(6))
+
+
+@pytest.mark.slow
+def test_vl_chat_batches_in_torchtitans_format_and_model(tmp_path_factory):
+    """Conversations with images (issue 32) reach TorchTitan as image-text batches do: MRoPE
+    positions equal its collator's, labels only on the assistants' text, and the Qwen3.5 debug
+    model's forward (with its image-placeholder alignment check) accepts them."""
+    _stub_torchvision()
+    from torchtitan.hf_datasets.multimodal.mm_collator import MultiModalCollator
+    from torchtitan.models.common.multimodal import get_vision_positions
+
+    from zephon.integrations.torchtitan import ZephonDataLoader
+    from zephon.tools.vlchat_demo import write_vl_chat_recipe
+
+    path = write_vl_chat_recipe(str(tmp_path_factory.mktemp("vlchat")), conversations=24)
+    loader = ZephonDataLoader.Config(recipe=path).build(dp_world_size=2, dp_rank=1, seq_len=256, local_batch_size=2)
+    try:
+        sp = loader.special_tokens
+        col = MultiModalCollator.__new__(MultiModalCollator)
+        col.spatial_merge_size, col.patch_order = 2, "block"
+        batches = [next(loader) for _ in range(3 * loader.microbatches_per_step)]
+        vocab = loader.recipe.prepare().tokenizer.vocab_size
+    finally:
+        loader.close()
+    n_img = 0
+    masked = sum(int((labels == -100).sum()) for _, labels in batches)
+    assert 0 < masked < sum(labels.numel() for _, labels in batches)  # users' turns, headers, images
+    for inp, labels in batches:
+        if inp["grid_thw"] is None:
+            continue
+        n_img += len(inp["grid_thw"])
+        ref = col._build_mrope_positions(
+            inp["input"],
+            inp["grid_thw"],
+            None,
+            inp["positions"],
+            image_token_id=sp["image_id"],
+            video_token_id=sp["video_id"],
+        )
+        assert torch.equal(ref, inp["mrope_positions"])
+        n = inp["grid_thw"].prod(-1) // 4
+        assert len(get_vision_positions(inp["input"], n, sp["image_id"])) == len(n)
+    assert n_img > 0
+    from torch.nn.attention.flex_attention import flex_attention
+    from torchtitan.models.common.attention import FlexAttention
+
+    FlexAttention._compiled_flex_attn = staticmethod(flex_attention)
+    model = _debug_model(vocab)
+    inp, labels = next(b for b in batches if b[0]["grid_thw"] is not None)
+    kw = {k: v for k, v in inp.items() if k != "input"}
+    kw["attention_masks"] = model.get_attention_masks(positions=kw["positions"])
+    with torch.no_grad():
+        logits = model(inp["input"], **kw)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    assert torch.isfinite(loss) and 0 < loss.item() < 20
