@@ -14,7 +14,7 @@ from zephon import PipelineError, WorkerConfig, WorkerError
 from zephon.data import DataError
 from zephon.engine import OrderedMapper
 from zephon.engine.mapper import WorkerTraceback
-from zephon.engine.testing import RangeSource, _threads, assert_no_leaks, check_node
+from zephon.engine.testing import RangeSource, _threads, assert_no_leaks, check_node, json_roundtrip
 
 
 def slow_square(x):
@@ -332,10 +332,94 @@ def test_an_inline_mapper_pulls_only_the_chunk_it_maps():
     src = RangeSource(100)
     m = OrderedMapper(src, abs, workers=WorkerConfig(0), chunk_size=4)
     try:
-        assert next(m) == 0 and src.reads == 4, src.reads  # before: 8
-        state = m.state_dict()
+        assert next(m) == 0 and src.reads == 1, src.reads  # the first task maps one item (before: 4, then 8)
+        state = m.state_dict()  # pulls one item ahead, unmapped: does the source end in this chunk?
+        assert src.reads == 2
         assert [next(m) for _ in range(4)] == [1, 2, 3, 4] and src.reads == 8
         m.reset(state)
         assert [next(m) for _ in range(4)] == [1, 2, 3, 4]
+    finally:
+        m.close()
+
+
+class CountingSquare:
+    """``squares_batch`` counting the items it maps."""
+
+    def __init__(self) -> None:
+        self.mapped = 0
+
+    def __call__(self, xs):
+        self.mapped += len(xs)
+        return squares_batch(xs)
+
+
+@pytest.mark.parametrize("n", [37, 40, 100])
+@pytest.mark.parametrize("workers", [WorkerConfig(0), WorkerConfig(2, "thread")], ids=["inline", "thread2"])
+def test_tasks_ramp_up_and_every_state_is_the_whole_chunks_one(workers, n):
+    """After a reset the first chunk is mapped in tasks of 1, 2, 4, ... items (a lane needs its
+    first micro-batch's records, not a chunk's: 4,096 lanes over 3,000 records mapped 32 records
+    a lane where about 1 was used), and the state after every item is the one whole chunks give:
+    (the upstream's state at the chunk's start, items delivered in it), the upstream's state at
+    its end once it has ended: checkpoints written before restore, and are written the same."""
+    fn = CountingSquare()
+    m = OrderedMapper(RangeSource(n), batch_fn=fn, workers=workers, chunk_size=8)
+    try:
+        assert next(m) == 0
+        if workers.count == 0:
+            assert fn.mapped == 1, fn.mapped  # a whole chunk: 8
+        got = [json_roundtrip(m.state_dict())]
+        got += [json_roundtrip(m.state_dict()) for _ in m]
+        want = [(8 * (i // 8), i % 8) for i in range(1, n + 1)]
+        if n % 8:
+            want[-1] = (n, 0)
+        assert [(s["anchor"]["cursor"], s["since"]) for s in got] == want
+        assert fn.mapped == n
+    finally:
+        m.close()
+
+
+def test_a_restored_mapper_ramps_up_within_the_chunk_it_was_restored_into():
+    """A restore maps the rest of its chunk in ramp tasks too, under the chunk's anchor."""
+    fn = CountingSquare()
+    src = RangeSource(100)
+    m = OrderedMapper(src, batch_fn=fn, workers=WorkerConfig(0), chunk_size=16)
+    try:
+        for _ in range(19):
+            next(m)
+        state = m.state_dict()
+        assert (state["anchor"]["cursor"], state["since"]) == (16, 3)
+        m.reset(state)
+        fn.mapped = 0
+        assert next(m) == 19 * 19 and fn.mapped == 1
+        assert [json_roundtrip(m.state_dict())["since"] for _ in range(3)] == [4, 4, 4]  # no item delivered
+        assert [next(m) for _ in range(13)] == [x * x for x in range(20, 33)]
+        assert json_roundtrip(m.state_dict()) == {**state, "anchor": {**state["anchor"], "cursor": 32}, "since": 1}
+    finally:
+        m.close()
+
+
+class FailsAt(RangeSource):
+    """A RangeSource raising a DataError on its item ``at``."""
+
+    def __init__(self, n, at):
+        super().__init__(n)
+        self.at = at
+
+    def next(self):
+        if self.cursor == self.at:
+            raise DataError(f"bad item {self.at}")
+        return super().next()
+
+
+def test_an_upstream_error_met_pulling_ahead_is_raised_by_the_pull_of_its_item():
+    """``state_dict`` between two ramp tasks pulls one item ahead (does the upstream end inside
+    the chunk?): an error there is raised by ``next``, where the whole chunk's pull raised it."""
+    m = OrderedMapper(FailsAt(100, 1), abs, workers=WorkerConfig(0), chunk_size=8)
+    try:
+        assert next(m) == 0
+        state = m.state_dict()
+        assert (state["anchor"]["cursor"], state["since"]) == (0, 1)
+        with pytest.raises(DataError, match="bad item 1"):
+            next(m)
     finally:
         m.close()

@@ -12,6 +12,7 @@ from text_fixtures import write_corpus, write_recipe
 
 from zephon import Recipe, StateError, WorkerConfig, batch_sha256
 from zephon.engine import LaneContext
+from zephon.engine import mapper as mapper_module
 from zephon.engine.checkpoint import decode_state, encode_state
 from zephon.engine.testing import check_node
 
@@ -378,6 +379,25 @@ def test_vectorised_planning_equals_the_scalar_reference(recipe):
             for k in list(range(0, 3 * ds.num_records // plan.lanes + 70, 7)):
                 q, epoch, shard, record = src._locate_count(d, k)
                 assert (epoch, shard, record) == src._locate(d, q)
+
+
+def test_lanes_far_above_the_records_map_only_what_the_first_batch_needs(recipe, monkeypatch):
+    """512 lanes over 256 records, one row each: before the first batch each lane tokenized a
+    whole first chunk (32 records, 16,384 in all, where about one a lane is used: a cold start
+    in time lanes x chunk). The first tasks ramp up from one record, so the records mapped are
+    about the records the first batch holds; the batches are the ones whole chunks give."""
+    many = recipe.replace(lanes=512, global_batch_size=512, shuffle={"buffer": 1})
+    mapped = []
+    real = mapper_module._run_chunk
+    monkeypatch.setattr(
+        mapper_module, "_run_chunk", lambda fn, is_batch, items: mapped.append(len(items)) or real(fn, is_batch, items)
+    )
+    with many.global_loader(1, workers=WorkerConfig(0)) as g:
+        first = batch_sha256(next(g))
+    assert sum(mapped) <= 2 * many.lanes, f"{sum(mapped)} records mapped for the first batch of {many.lanes} rows"
+    monkeypatch.setattr(mapper_module, "_run_chunk", real)
+    with many.global_loader(2, workers=WorkerConfig(2, "thread")) as g:
+        assert batch_sha256(next(g)) == first
 
 
 @pytest.mark.parametrize("lanes", [64, pytest.param(1024, marks=pytest.mark.slow)])

@@ -9,8 +9,14 @@ consumer waits (backpressure) and nothing more is read.
 Checkpoint: the upstream's state at the start of the chunk being delivered plus the number of
 items delivered since. Restore resets upstream there and skips those items *without* mapping
 them, so replay costs at most one chunk of upstream reads. The restored mapper then maps the rest
-of that chunk as one task, so it reports the state it was given and, after every later item, the
-state an uninterrupted run reports (a resumed run writes the same checkpoints).
+of that chunk under that anchor, so it reports the state it was given and, after every later item,
+the state an uninterrupted run reports (a resumed run writes the same checkpoints).
+
+Tasks ramp up after a reset: the first chunk (fresh or restored) is mapped as tasks of 1, 2, 4, ...
+items, all under the chunk's anchor, before whole chunks. A lane needs only the records of its
+first micro-batch before the first batch: with lanes far above the records (4,096 lanes, one row
+each), a whole first chunk per lane mapped 32 records where one was used. The chunks, and so every
+state and every output, are those of whole chunks; only how a chunk is cut into tasks differs.
 """
 
 from __future__ import annotations
@@ -234,6 +240,15 @@ class _Deferred:
         return self._caller.abandon()
 
 
+class _Raise:
+    """An upstream error met while pulling ahead, raised when the item is pulled."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
 class _Task:
     """One chunk on its way: ``anchor`` is the upstream state at the start of its chunk and
     ``offset`` the items of that chunk delivered before this task (non-zero only for the first
@@ -300,6 +315,10 @@ class OrderedMapper(ZNode[Any]):
         self._wait = 0.0  # seconds the consumer waited for workers
         # (anchor, since) restored from a state and not yet turned into a task
         self._resume: tuple[dict[str, Any], int] | None = None
+        # the chunk being cut into ramp tasks: (its anchor, the offset of its next task, its end)
+        self._open: tuple[dict[str, Any], int, int] | None = None
+        self._ramp = self.FIRST_TASK  # the next task's size while ramping up (up to chunk_size)
+        self._peeked: list[Any] = []  # an item pulled ahead by get_state (see _ended_in_chunk)
 
     def _repr_args(self):
         yield self.name
@@ -315,7 +334,7 @@ class OrderedMapper(ZNode[Any]):
         self._current, self._results, self._pos = None, [], 0
         self._exhausted = False
         self._error = None
-        self._resume = None
+        self._resume, self._open, self._ramp, self._peeked = None, None, self.FIRST_TASK, []
         if initial_state is None:
             self.source.reset(None)
             self._pulled = 0
@@ -343,6 +362,8 @@ class OrderedMapper(ZNode[Any]):
             anchor, since = self._current.anchor, self._current.offset + self._pos
         elif self._tasks:
             anchor, since = self._tasks[0].anchor, self._tasks[0].offset
+        elif self._open is not None and not self._ended_in_chunk():  # between two ramp tasks of a chunk
+            anchor, since = self._open[0], self._open[1]
         elif self._resume is not None:  # restored, nothing pulled yet: the state it was given
             anchor, since = self._resume
         else:
@@ -375,23 +396,59 @@ class OrderedMapper(ZNode[Any]):
             self._fill()
 
     # -- internals --------------------------------------------------------------------------
+    FIRST_TASK = 1  # items in the first task after a reset (doubling up to chunk_size)
+
+    def _chunk(self) -> tuple[dict[str, Any], int, int]:
+        """The chunk the next task maps: (anchor, offset of the task in it, end of the chunk)."""
+        if self._open is not None:
+            return self._open
+        if self._resume is None:
+            return self.source.state_dict(), 0, self.chunk_size
+        # the rest of the chunk the state points into, under that chunk's anchor (with another
+        # chunk size than the state's, one chunk; `since` stays below the maximum)
+        anchor, offset = self._resume
+        self._resume = None
+        if offset < self.chunk_size:
+            return anchor, offset, self.chunk_size
+        return anchor, offset, offset + min(self.chunk_size, MAX_CHUNK_SIZE - offset)
+
+    def _ended_in_chunk(self) -> bool:
+        """Whether the upstream ends before the rest of the open chunk (found by pulling its next
+        item ahead, unmapped). A whole chunk would have met the end when it was pulled, and its
+        state after the last item is the upstream's at its end: so is this one's."""
+        if self._peeked:
+            return False
+        try:
+            self._peeked.append(next(self.source))
+        except StopIteration:
+            self._exhausted, self._open = True, None
+            return True
+        except Exception as e:  # raised where a whole chunk's pull would have: by the next pull
+            self._peeked.append(_Raise(e))
+        return False
+
+    def _pull(self) -> Any:
+        """The upstream's next item (the one pulled ahead first; its error, if it raised)."""
+        if not self._peeked:
+            return next(self.source)
+        item = self._peeked.pop()
+        if isinstance(item, _Raise):
+            raise item.error
+        return item
+
     def _fill(self) -> None:
         while not self._exhausted and len(self._tasks) < self.max_in_flight:
-            size, offset = self.chunk_size, 0
-            if self._resume is not None:
-                # the rest of the chunk the state points into, under that chunk's anchor (with
-                # another chunk size than the state's, one chunk; `since` stays below the maximum)
-                anchor, offset = self._resume
-                self._resume = None
-                size = self.chunk_size - offset if offset < self.chunk_size else min(size, MAX_CHUNK_SIZE - offset)
-            else:
-                anchor = self.source.state_dict()
+            anchor, offset, end = self._chunk()
+            size = min(end - offset, self._ramp)
             items: list[Any] = []
             try:
                 while len(items) < size:
-                    items.append(next(self.source))
+                    items.append(self._pull())
             except StopIteration:
                 self._exhausted = True
+            self._ramp = min(2 * self._ramp, self.chunk_size)
+            done = self._exhausted or offset + len(items) >= end
+            self._open = None if done else (anchor, offset + len(items), end)
             if not items:
                 break
             if self.pool is None:
@@ -477,7 +534,7 @@ class OrderedMapper(ZNode[Any]):
             return res[1]
         _, idx, failure, partial = res
         item = task.items[idx]
-        self._exhausted = True
+        self._exhausted, self._open = True, None
         self._cancel_pending()
         self._error = failure.exception(
             self._where(), f"while mapping {describe_item(item)} (source position {task.start + idx} of this lane)"
