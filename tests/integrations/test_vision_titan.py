@@ -357,7 +357,7 @@ def test_vl_chat_batches_in_torchtitans_format_and_model(tmp_path_factory):
     n_img = 0
     masked = sum(int((labels == -100).sum()) for _, labels in batches)
     assert 0 < masked < sum(labels.numel() for _, labels in batches)  # users' turns, headers, images
-    for inp, labels in batches:
+    for inp, _ in batches:
         if inp["grid_thw"] is None:
             continue
         n_img += len(inp["grid_thw"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -130,7 +131,7 @@ def _opened(data: bytes):
     return ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
 
 
-def processed(processor, msgs: list[dict], images: list[bytes]) -> dict:
+def processed(processor, msgs: list[dict], images: list[bytes], template: str | None = None) -> dict:
     """The processor's ids, assistant mask, grids and pixels for a conversation and its images."""
 
     conv = json.loads(json.dumps(msgs))
@@ -142,12 +143,34 @@ def processed(processor, msgs: list[dict], images: list[bytes]) -> dict:
             if p["type"] == "image":
                 p["image"] = _opened(images[k])
                 k += 1
-    out = processor.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    out = processor.apply_chat_template(
+        conv, chat_template=template, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     return {k: np.asarray(v[0] if k in ("input_ids", "assistant_masks") else v) for k, v in out.items()}
 
 
+#: a template in the style of Qwen2-VL's own (a default system prompt when the conversation has
+#: none, a namespace counting the images, "Picture N: " before each with add_vision_id, a part
+#: recognised by its type or by an image key): written here, with generation markers
+QWEN_STYLE = """{% macro render(content, seen) %}{% if content is string %}{{ content }}{% else %}\
+{% for c in content %}{% if c['type'] == 'image' or 'image' in c %}{% set seen.value = seen.value + 1 %}\
+{% if add_vision_id %}Picture {{ seen.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>\
+{% elif 'text' in c %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}{% endmacro %}\
+{% set image_count = namespace(value=0) %}{% for message in messages %}{% if loop.first and message['role'] \
+!= 'system' %}<|im_start|>system
+You are a helpful assistant.<|im_end|>
+{% endif %}{% if message['role'] == 'assistant' %}<|im_start|>assistant
+{% generation %}{{ render(message['content'], image_count) }}<|im_end|>{% endgeneration %}{{ '\\n' }}\
+{% else %}<|im_start|>{{ message['role'] }}
+{{ render(message['content'], image_count) }}<|im_end|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+TEMPLATES = {"qwen_style": QWEN_STYLE, "qwen_style_plain": re.sub(r"\{% (end)?generation %\}", "", QWEN_STYLE)}
+
+
 def encoder(template: str = "chatml_vl_generation", **opts) -> FetchVisionChat:
-    renderer = ChatRenderer(VL_CHAT_TOKENIZER, load_chat_template(template, VL_CHAT_TOKENIZER))
+    text = TEMPLATES.get(template) or load_chat_template(template, VL_CHAT_TOKENIZER)
+    renderer = ChatRenderer(VL_CHAT_TOKENIZER, text)
     options = {0: ChatOptions(**({"long": "drop"} | opts))}
     return FetchVisionChat([_Index()], {0: renderer}, options, VISION, SPECIAL, row_len=4096)
 
@@ -162,13 +185,14 @@ def encode(enc: FetchVisionChat, value, images: list[bytes], on_error: str = "ra
 SET = conversations(60, seed=32)
 
 
-@pytest.mark.parametrize("template", ["chatml_vl_generation", "chatml_vl"])
+@pytest.mark.parametrize("template", ["chatml_vl_generation", "chatml_vl", "qwen_style", "qwen_style_plain"])
 @pytest.mark.parametrize("form", ["messages", "sharegpt"])
 def test_ids_and_masks_equal_the_processor(processor, template, form):
     enc = encoder(template, format=form)
+    marked = QWEN_STYLE if template.startswith("qwen") else None  # the processor reads the marked twin
     equal = 0
     for msgs, images in SET:
-        want = processed(processor, msgs, images)
+        want = processed(processor, msgs, images, marked)
         doc = encode(enc, msgs if form == "messages" else as_llava(msgs), images)
         assert doc.skipped is None
         assert doc.tokens.tolist() == want["input_ids"].tolist()
