@@ -55,7 +55,11 @@ def test_identical_across_world_sizes_and_threads(recipe, reference, world, work
     assert hashes(recipe, world, STEPS, workers)[0] == reference
 
 
-@pytest.mark.parametrize("world,count", [(2, 1), (4, 4), (8, 2)])
+@pytest.mark.parametrize(
+    "world,count",
+    # more processes than cores: the slow tier (the quick tier keeps one process-worker case)
+    [(2, 1), pytest.param(4, 4, marks=pytest.mark.slow), pytest.param(8, 2, marks=pytest.mark.slow)],
+)
 def test_identical_with_process_workers(recipe, reference, world, count):
     assert hashes(recipe, world, STEPS, WorkerConfig(count, "process"))[0] == reference
 
