@@ -276,6 +276,10 @@ class WorkPlan:
         self.__dict__.update(st)
         self._orders_lock = threading.Lock()
 
+    def item_tokens(self, item: WorkItem) -> float:
+        """The estimated tokens of a planned item: what a lane's mapper sizes its read-ahead by."""
+        return self.datasets[item.dataset].estimated_tokens(item)
+
     def lane(self, lane: int) -> LaneWorkSource:
         """The work source node of ``lane`` (a fresh node at the start of the plan)."""
         return LaneWorkSource(self, lane)

@@ -31,6 +31,10 @@ from zephon.tools.warm import warm_on_ray
 BUCKET = "zephon-tokens"
 REMOTE = f"s3://{BUCKET}/cache"
 STEPS = 6
+#: steps of a run that warms the cache for another: two passes over every dataset (~40,000 tokens,
+#: 1,024 a step). What a run reads ahead of its last step depends on timing (tasks pending at its
+#: end run or not), so only a run that read every record covers any other run's read-ahead
+WARM_STEPS = 20 * STEPS
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +61,8 @@ def s3(monkeypatch):
 def run_node(recipe_path, folder, monkeypatch, steps=STEPS):
     """The first :data:`STEPS` batches of a run of ``steps`` steps (2 thread workers) on the node
     whose token cache is ``folder``, what its cache counted during the run, and the cache (its
-    queued entries written, not yet published). A run that warms for another reads 3x the steps:
-    what the loader reads ahead of step 6 depends on timing."""
+    queued entries written, not yet published). A run that warms for another reads
+    :data:`WARM_STEPS`: what the loader reads ahead of step 6 depends on timing."""
     monkeypatch.setenv(tc.ENV_DIR, str(folder))
     cache = token_cache()
     before = dict(cache.stats)
@@ -75,7 +79,7 @@ def versions(fs) -> list[str]:
 
 def test_a_second_node_tokenizes_nothing_after_the_first_published(recipe_path, baseline, s3, tmp_path, monkeypatch):
     _, fs = s3
-    got, counted, cache = run_node(recipe_path, tmp_path / "node-a", monkeypatch, 3 * STEPS)
+    got, counted, cache = run_node(recipe_path, tmp_path / "node-a", monkeypatch, WARM_STEPS)
     assert got == baseline and counted["written"] > 0 and counted["remote_hits"] == 0
     cache.close()  # publishes what the background publisher has not yet
     published = versions(fs)
@@ -116,11 +120,11 @@ def corrupt(fs, published: list[str]) -> None:
 
 def test_a_corrupted_remote_version_is_never_used(recipe_path, baseline, s3, tmp_path, monkeypatch):
     _, fs = s3
-    run_node(recipe_path, tmp_path / "node-a", monkeypatch, 3 * STEPS)[2].close()
+    run_node(recipe_path, tmp_path / "node-a", monkeypatch, WARM_STEPS)[2].close()
     published = versions(fs)
     assert len(published) >= 2
     corrupt(fs, published)
-    got, counted, cache = run_node(recipe_path, tmp_path / "node-b", monkeypatch, 3 * STEPS)
+    got, counted, cache = run_node(recipe_path, tmp_path / "node-b", monkeypatch, WARM_STEPS)
     assert got == baseline
     assert counted["remote_corrupt"] >= 2 and counted["remote_hits"] > 0
     assert counted["misses"] >= counted["written"] > 0  # what the corrupt versions held: tokenized again

@@ -423,3 +423,49 @@ def test_an_upstream_error_met_pulling_ahead_is_raised_by_the_pull_of_its_item()
             next(m)
     finally:
         m.close()
+
+
+@pytest.mark.parametrize("workers", [WorkerConfig(0), WorkerConfig(2, "thread")], ids=["inline", "thread2"])
+def test_tasks_sized_by_cost_pull_little_ahead_and_keep_the_whole_chunks_states(workers):
+    """With ``cost`` and ``cost_ahead`` a task ends once its items cost ``cost_ahead /
+    max_in_flight``: chunks of 32 items read 2 chunks ahead pulled 64 items past the consumer,
+    now about ``cost_ahead``. Every state is still the one whole chunks give, and a state
+    written without a cost bound (or with another chunk size) restores to the same items."""
+    n = 150
+    fn = CountingSquare()
+    m = OrderedMapper(
+        RangeSource(n), batch_fn=fn, workers=workers, chunk_size=32, max_in_flight=2, cost=lambda x: 2, cost_ahead=16
+    )
+    try:
+        got, ahead = [], []
+        for i in range(n):
+            assert next(m) == i * i
+            ahead.append(fn.mapped - (i + 1))
+            got.append(json_roundtrip(m.state_dict()))
+        # tasks of 4 items (cost 8): the current task's rest and two tasks pending, at most
+        assert max(ahead) <= 3 + 2 * 4, max(ahead)
+        want = [(32 * (i // 32), i % 32) for i in range(1, n + 1)]
+        want[-1] = (n, 0)
+        assert [(s["anchor"]["cursor"], s["since"]) for s in got] == want
+        assert fn.mapped == n
+        for at in (0, 5, 40, 100):  # a state of whole chunks of 8 restores here, and vice versa
+            whole = OrderedMapper(RangeSource(n), batch_fn=squares_batch, workers=WorkerConfig(0), chunk_size=8)
+            try:
+                for _ in range(at + 1):
+                    next(whole)
+                m.reset(whole.state_dict())
+                assert next(m) == (at + 1) ** 2
+                m.reset(got[at])
+                whole.reset(got[at])
+                assert next(whole) == next(m) == (at + 1) ** 2
+            finally:
+                whole.close()
+    finally:
+        m.close()
+
+
+def test_a_cost_bound_needs_both_settings():
+    with pytest.raises(ValueError, match="only one of cost= and cost_ahead="):
+        OrderedMapper(RangeSource(3), abs, cost=lambda x: 1)
+    with pytest.raises(ValueError, match="cost_ahead must be > 0"):
+        OrderedMapper(RangeSource(3), abs, cost=lambda x: 1, cost_ahead=0)
