@@ -168,7 +168,9 @@ def test_bytes_read_close_to_bytes_delivered(big_shards, monkeypatch, lanes):
                     next(g)
         ratios[version] = (reads.read / reads.asked, reads.calls)
     assert ratios[3][0] <= 1.1, ratios
-    assert ratios[2][0] > 1.5, ratios  # the stripe order: each lane's ranges span its neighbours' records
+    # the stripe order: each lane's ranges span its neighbours' records (1.34-1.9x by how many records a
+    # mapper task holds: since read-ahead is sized in tokens, tasks are smaller and so are the ranges)
+    assert ratios[2][0] > 1.25, ratios
 
 
 def test_compressed_datasets_keep_the_stripe_order(tmp_path):
