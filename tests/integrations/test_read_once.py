@@ -30,7 +30,9 @@ from text_fixtures import write_corpus, write_recipe  # noqa: E402
 def recipe_path(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("read_once"))
     write_corpus(root)
-    return write_recipe(root)  # 8 lanes, 16 rows of 64 tokens per step
+    # 8 lanes, 16 rows of 64 tokens per step; no batches computed ahead, so the records a pipeline
+    # fetches (its work, compared below) do not depend on how far a prefetch got
+    return write_recipe(root, extra="\n[workers]\nprefetch = 0\n")
 
 
 def _env(tmp_path):
