@@ -37,7 +37,7 @@ from zephon.data.chatbounds import ChatTimeoutError
 from zephon.engine import ProcessLocal
 
 from .pack import Pack
-from .policy import ON_ERROR, skip_hint
+from .policy import policies, skip_hint
 from .rows import IGNORE_INDEX
 from .stages.pipeline import UnviewableError
 from .worksource import WorkItem, read_items
@@ -143,10 +143,7 @@ class FetchChat(ProcessLocal):
         self.datasets = list(datasets)
         self.renderers, self.options = dict(renderers), dict(options)
         self.row_len = int(row_len)
-        self.on_error = list(on_error or ["raise"] * len(self.datasets))
-        for p in self.on_error:
-            if p not in ON_ERROR:
-                raise ValueError(f"on_error must be one of {ON_ERROR}, got {p!r}")
+        self.on_error = policies(on_error, len(self.datasets))
         ProcessLocal.__init__(self)
 
     def __call__(self, items: list[WorkItem], given: Mapping[tuple[int, int, int], Any] | None = None) -> list[Any]:

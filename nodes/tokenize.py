@@ -39,7 +39,7 @@ from zephon.data.datasets import BadRecord, DataError, DatasetIndex, out_of_voca
 from zephon.data.tokenizer import TextTokenizer
 from zephon.engine import ProcessLocal
 
-from .policy import ON_ERROR, skip_hint
+from .policy import policies, skip_hint
 from .tokencached import cache_setting, through_cache
 from .worksource import WorkItem, read_items
 
@@ -208,10 +208,7 @@ class FetchTokenize(ProcessLocal):
         self.rewritten = frozenset(rewritten)  # datasets a transform rewrites (not in the token cache)
         self.align = int(align)
         self.tokenizer = tokenizer
-        self.on_error = list(on_error or ["raise"] * len(self.datasets))
-        for p in self.on_error:
-            if p not in ON_ERROR:
-                raise ValueError(f"on_error must be one of {ON_ERROR}, got {p!r}")
+        self.on_error = policies(on_error, len(self.datasets))
         if split not in SPLIT_MODES:
             raise ValueError(f"split must be one of {SPLIT_MODES}, got {split!r}")
         self.split = split

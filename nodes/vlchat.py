@@ -40,7 +40,7 @@ from zephon.engine import ProcessLocal
 
 from .chat import ChatOptions, FetchChat, fit_conversation
 from .images import ImageError, VisionConfig, preprocess_patches
-from .policy import ON_ERROR, skip_hint
+from .policy import policies, skip_hint
 from .stages.pipeline import UnviewableError
 from .vision import MMDoc, mrope_positions
 from .worksource import WorkItem, read_items
@@ -107,10 +107,7 @@ class FetchVisionChat(ProcessLocal):
         self.fields = dict(fields or {})  # where a record object holds its messages (text_field)
         self.vision, self.special = vision, dict(special)
         self.row_len = int(row_len)
-        self.on_error = list(on_error or ["raise"] * len(self.datasets))
-        for p in self.on_error:
-            if p not in ON_ERROR:
-                raise ValueError(f"on_error must be one of {ON_ERROR}, got {p!r}")
+        self.on_error = policies(on_error, len(self.datasets))
         ProcessLocal.__init__(self)
 
     def __call__(self, items: list[WorkItem], given: Mapping[tuple[int, int, int], Any] | None = None) -> list[MMDoc]:
@@ -185,16 +182,16 @@ class FetchVisionChat(ProcessLocal):
                 rec.locator,
                 f"the chat template renders {len(pads)} image placeholders for the conversation's {len(images)} images",
             ).to_error('Use a template that renders each image part as one placeholder (chat_template = "chatml_vl").')
-        prepared = []
+        v = self.vision
+        if len(images) > v.max_images_per_batch or (v.max_images_per_row and len(images) > v.max_images_per_row):
+            limit = "max_images_per_batch" if len(images) > v.max_images_per_batch else "max_images_per_row"
+            return self._skip(it, f"conversation has {len(images)} images, more than [vision].{limit}")
+        prepared = []  # decoded only for a conversation the budgets take
         for j, data in enumerate(images):
             try:
                 prepared.append(preprocess_patches(data, self.vision))
             except ImageError as e:
                 return self._bad(it, f"{e} (image #{j + 1} of the conversation)", (rec.file, rec.locator))
-        v = self.vision
-        if len(images) > v.max_images_per_batch or (v.max_images_per_row and len(images) > v.max_images_per_row):
-            limit = "max_images_per_batch" if len(images) > v.max_images_per_batch else "max_images_per_row"
-            return self._skip(it, f"conversation has {len(images)} images, more than [vision].{limit}")
         counts = [int(g.prod()) // (v.merge_size * v.merge_size) for _, g in prepared]
         ids, turns = expand_placeholders(enc.ids, pads, counts, enc.turns)
         return self._fit(it, ids, turns, prepared)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from zephon import Recipe, RecipeError, WorkerConfig, batch_sha256
+from zephon.data import DataError
 from zephon.data.chatimages import VL_CHAT_TOKENIZER
 from zephon.engine.checkpoint import decode_state, encode_state
 from zephon.nodes.images import preprocess_patches
@@ -200,7 +201,7 @@ def test_long_split_is_refused_for_conversations_with_images(root):
 
 def test_a_template_without_image_parts_stops_the_run(root):
     cfg = config(datasets=[dict(config()["datasets"][1], chat_template="chatml", on_error="skip")])
-    with pytest.raises(Exception, match=r"renders 0 image placeholders.*chatml_vl"):
+    with pytest.raises(DataError, match=r"renders 0 image placeholders.*chatml_vl"):
         run(Recipe.from_dict(cfg, root), 1, 2)
 
 

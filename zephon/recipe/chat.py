@@ -196,6 +196,7 @@ class _ImageRuns:
         self.spec, self.d, self.index = spec, d, index
         self.vision = spec.vision.config
         self.special = {k: special[k] for k in ("image", "vision_start", "vision_end")}
+        self._firsts: dict[int, np.ndarray] = {}
 
     def fit(self, renderer: ChatRenderer, opts: ChatOptions, rec: Any, s: int, r: int) -> Any:
         if not hasattr(rec, "segments"):
@@ -207,7 +208,9 @@ class _ImageRuns:
             raise ConversationError("the conversation shows another number of images than its record holds")
         enc = renderer.encode(conv)
         n_img, ws, hs = self.index.image_sizes(s)
-        first = int(np.sum(n_img[:r]))
+        if s not in self._firsts:  # where each record's images start among the shard's (once a shard)
+            self._firsts[s] = np.concatenate([[0], np.cumsum(n_img)])
+        first = int(self._firsts[s][r])
         pads = np.flatnonzero(enc.ids == self.special["image"])
         runs = [self.vision.image_tokens(int(ws[first + j]), int(hs[first + j])) for j in range(len(pads))]
         ids, turns = expand_placeholders(enc.ids, pads, runs, enc.turns)

@@ -209,10 +209,7 @@ class MMJsonlReader(ShardBytes):
                 return f"image {j - j0} ('{a['img_ref'][j]}') not found: no file '{path}'"
         total = int(a["lengths"][i]) + int(a["img_len"][j0:j1].sum())
         if total > self.ix.max_record_bytes:
-            return (
-                f"the record is {total} bytes, more than max_record_bytes = {self.ix.max_record_bytes} (the "
-                f"per-record size limit); it was not read. Raise max_record_bytes for dataset '{self.ix.name}'"
-            )
+            return self.oversized(total)
         return None
 
     def read(self, s: int, idx: np.ndarray) -> list[Any]:

@@ -21,6 +21,13 @@ class ShardBytes:
     def __init__(self, ix: ImageTextStore) -> None:
         self.ix = ix
 
+    def oversized(self, total: int, what: str = "record") -> str:
+        """Why a record of ``total`` bytes above ``max_record_bytes`` is bad (it is never read)."""
+        return (
+            f"the {what} is {total} bytes, more than max_record_bytes = {self.ix.max_record_bytes} (the "
+            f"per-record size limit); it was not read. Raise max_record_bytes for dataset '{self.ix.name}'"
+        )
+
     def _open(self, s: int) -> Any:
         """Shard s's file (a remote shard's node-cache copy where the cache takes it)."""
         sp = self.ix._specs[s]

@@ -309,15 +309,7 @@ class WdsReader(ShardBytes):
                 continue
             total = int(a["img_len"][i]) + max(0, int(a["txt_len"][i]))
             if total > self.ix.max_record_bytes:
-                out.append(
-                    BadRecord(
-                        self.ix.name,
-                        disp,
-                        loc,
-                        f"the sample is {total} bytes, more than max_record_bytes = {self.ix.max_record_bytes} (the "
-                        f"per-record size limit); it was not read. Raise max_record_bytes for dataset '{self.ix.name}'",
-                    )
-                )
+                out.append(BadRecord(self.ix.name, disp, loc, self.oversized(total, "sample")))
                 continue
             if a["img_len"][i] < 0:
                 out.append(

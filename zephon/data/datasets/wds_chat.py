@@ -157,10 +157,7 @@ class WdsChatReader(WdsReader):
             return str(a["problem"][i])
         total = sum(n for _, n in self._spans(a, i)[0])
         if total > self.ix.max_record_bytes:
-            return (
-                f"the record is {total} bytes, more than max_record_bytes = {self.ix.max_record_bytes} (the "
-                f"per-record size limit); it was not read. Raise max_record_bytes for dataset '{self.ix.name}'"
-            )
+            return self.oversized(total)
         return None
 
     def read(self, s: int, idx: np.ndarray) -> list[Any]:
