@@ -83,6 +83,8 @@ _BLOCKS_KEPT = 64  # block indexes (and open files) a process keeps
 _TOUCH_S = 5.0  # a block's last-use time is refreshed at most this often per process
 _QUEUE_BYTES = 256 << 20  # ids waiting for the writer; more are dropped (the cache is optional)
 _CHECK_BYTES = 64 << 20  # the folder's size is checked against the cap after this many written
+_DRAIN = 1024  # queued writes the writer merges into one append per block
+_GATHER_S = 0.25  # how long the writer gathers writes before it appends them
 
 
 def _digest(*parts: Any) -> str:
@@ -106,6 +108,8 @@ class TokenCache:
         self._queued = 0  # bytes of ids waiting for the writer
         self._writer: threading.Thread | None = None
         self._since_check = _CHECK_BYTES  # check the folder's size on the first write
+        self._folders: set[str] = set()  # block folders known to exist
+        self._hurry = threading.Event()  # set while someone waits for the queue to be written
         self._warned: set[str] = set()
         self.disabled: str | None = None
         self.stats = dict.fromkeys(
@@ -303,26 +307,45 @@ class TokenCache:
     def flush(self, timeout_s: float = 60.0) -> bool:
         """Wait until the queued entries are written (tests, benchmarks, the end of a process)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with self._mu:
-                if self._queued == 0 and self._queue.unfinished_tasks == 0:
-                    return True
-            time.sleep(0.005)
-        return False
+        self._hurry.set()
+        try:
+            while time.monotonic() < deadline:
+                with self._mu:
+                    if self._queued == 0 and self._queue.unfinished_tasks == 0:
+                        return True
+                time.sleep(0.005)
+            return False
+        finally:
+            self._hurry.clear()
 
     def _write_loop(self) -> None:
         while True:
-            path, tag, width, items, n = self._queue.get()
+            got = [self._queue.get()]
+            # gather for a moment: a run's chunks write a few blocks, so one append per block (its
+            # file's open, lock, checks and write) serves many chunks; flush() cuts the wait short
+            self._hurry.wait(_GATHER_S)
+            with contextlib.suppress(queue.Empty):
+                while len(got) < _DRAIN:
+                    got.append(self._queue.get_nowait())
+            merged: dict[tuple[str, bytes, int], list[Any]] = {}
+            for path, tag, width, items, _ in got:
+                merged.setdefault((path, tag, width), []).extend(items)
             try:
-                self.append(path, tag, width, items)
-            except OSError as e:
-                self._warn("write", f"writing a block failed ({e})")
-            except Exception as e:  # never let the writer die on one bad batch
-                self._warn("write", f"writing a block failed ({type(e).__name__}: {e})")
+                for (path, tag, width), items in merged.items():
+                    self._write_one(path, tag, width, items)
             finally:
                 with self._mu:
-                    self._queued -= n
-                self._queue.task_done()
+                    self._queued -= sum(g[4] for g in got)
+                for _ in got:
+                    self._queue.task_done()
+
+    def _write_one(self, path: str, tag: bytes, width: int, items: list[Any]) -> None:
+        try:
+            self.append(path, tag, width, items)
+        except OSError as e:
+            self._warn("write", f"writing a block failed ({e})")
+        except Exception as e:  # never let the writer die on one bad batch
+            self._warn("write", f"writing a block failed ({type(e).__name__}: {e})")
 
     def append(
         self,
@@ -335,7 +358,10 @@ class TokenCache:
         """Append the entries of ``items`` that block ``path`` lacks, under its exclusive lock
         (the tail after the last valid frame truncated first); returns the bytes written, or with
         ``pulled`` (entries from the remote tier, not to be published again) the entries."""
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        folder = os.path.dirname(path)
+        if folder not in self._folders:  # made once per process (eviction removes files, not folders)
+            os.makedirs(folder, exist_ok=True)
+            self._folders.add(folder)
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -354,15 +380,18 @@ class TokenCache:
         b = self._block(path, tag)
         with b.lock:
             b.refresh()
-            size = os.fstat(fd).st_size
-            if size > b.end:  # an incomplete or corrupt tail (a writer killed mid-append)
+            st = os.fstat(fd)
+            if st.st_size > b.end:  # an incomplete or corrupt tail (a writer killed mid-append)
                 os.ftruncate(fd, b.end)
             fresh = [(k, e) for k, e in dict(items).items() if b.read(k) is None]
             if not fresh:
                 return 0
             buf = b"".join(frame(tag, k, e, width) for k, e in fresh)
             os.pwrite(fd, buf, b.end)
-            b.refresh()
+            if b.fd >= 0 and b.ino == st.st_ino:
+                b.end = b.parse(buf, b.end)  # what was just written, without reading it back
+            else:
+                b.refresh()
         if pulled:
             self.count("remote_hits", len(fresh))
         else:
