@@ -32,14 +32,16 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from zephon.data import BadRecord, ChatRenderer, ConversationError, DataError, ShardIndex
-from zephon.data.chat import ROLES, parse_conversation, select_mask
+from zephon.data.chat import ROLES, ChatEncoding, parse_conversation, select_mask
 from zephon.data.chatbounds import ChatTimeoutError
+from zephon.data.datasets.tokencache import TokenCache, TokenEntry
 from zephon.engine import ProcessLocal
 
 from .pack import Pack
 from .policy import policies, skip_hint
 from .rows import IGNORE_INDEX
 from .stages.pipeline import UnviewableError
+from .tokencached import cache_setting, through_cache
 from .worksource import WorkItem, read_items
 
 __all__ = ["LONG", "ChatDoc", "ChatOptions", "ChatPack", "FetchChat", "fit_conversation"]
@@ -144,17 +146,54 @@ class FetchChat(ProcessLocal):
         self.renderers, self.options = dict(renderers), dict(options)
         self.row_len = int(row_len)
         self.on_error = policies(on_error, len(self.datasets))
+        self.token_cache = cache_setting()  # the node's token cache ($ZEPHON_TOKEN_CACHE), carried to workers
+        self._settings: dict[int, str] = {}
         ProcessLocal.__init__(self)
 
     def __call__(self, items: list[WorkItem], given: Mapping[tuple[int, int, int], Any] | None = None) -> list[Any]:
         """``items`` (of chat datasets) -> their :class:`ChatDoc` s; ``given``: records already
-        read, by ``(dataset, shard, record)`` (the others are read here, grouped per shard)."""
+        read, by ``(dataset, shard, record)`` (the others are read here, grouped per shard).
+        A conversation's ids and turns come from the node's token cache where it holds them."""
         other = [j for j, it in enumerate(items) if it.dataset not in self.renderers]
         if other:
             raise ValueError(
                 f"FetchChat encodes chat datasets only, not datasets {sorted({items[j].dataset for j in other})}"
             )
-        return [self._one(it, rec) for it, rec in zip(items, read_items(self.datasets, items, given))]
+        got = through_cache(self, items, functools.partial(self._encode_all, given=given))
+        return [g if isinstance(g, ChatDoc) else self._fit(it, g) for it, g in zip(items, got)]
+
+    def _encode_all(self, items: list[WorkItem], given: Mapping[tuple[int, int, int], Any] | None) -> list[Any]:
+        return [self._encode(it, rec) for it, rec in zip(items, read_items(self.datasets, items, given))]
+
+    # -- the token cache's view of this encoder (tokencached.py): ids and turns before the long policy
+    def cache_settings(self, d: int, whole: bool) -> str | None:
+        """What dataset ``d``'s conversations' ids and turns depend on besides the record: the
+        renderer (tokenizer, template) and how the record is read as a conversation."""
+        got = self._settings.get(d)
+        if got is None:
+            o = self.options[d]
+            how = [o.format, o.system_prompt, sorted((o.roles or {}).items()), o.template_roles]
+            got = self._settings[d] = TokenCache.settings_key(self.renderers[d].cache_identity(), f"chat|{how}")
+        return got
+
+    def cache_width(self) -> int:
+        """Bytes per id (and turn boundary) in the token cache."""
+        return 4
+
+    @staticmethod
+    def from_entry(e: TokenEntry, it: WorkItem) -> ChatEncoding:
+        """The ids and turns a cache entry holds (ids, then the turns' bounds; ``offset``: the ids)."""
+        n = int(e.offset)
+        bounds = e.tokens[n:].tolist()
+        return ChatEncoding(e.tokens[:n], tuple(zip(bounds[::2], bounds[1::2])), "")
+
+    @staticmethod
+    def to_entry(got: Any) -> TokenEntry | None:
+        """A conversation's ids and turns as a cache entry (None: a skip, not cached)."""
+        if not isinstance(got, ChatEncoding):
+            return None
+        bounds = np.asarray(got.turns, dtype=np.int32).reshape(-1)
+        return TokenEntry(np.concatenate([got.ids, bounds]).astype(np.int32), len(got.ids))
 
     def conversation(self, d: int, value: str) -> dict[str, Any]:
         """Dataset ``d``'s record ``value`` (its JSON text) as a conversation (raises
@@ -174,15 +213,14 @@ class FetchChat(ProcessLocal):
         except ConversationError as e:
             raise UnviewableError(str(e)) from None
 
-    def _one(self, it: WorkItem, rec: Any) -> ChatDoc:
+    def _encode(self, it: WorkItem, rec: Any) -> ChatEncoding | ChatDoc:
+        """A record's ids and turns, or its ChatDoc when there are none (a skip, a later part)."""
         d = it.dataset
-        empty = np.zeros(0, dtype=np.int32)
         if it.part > 0:  # a conversation is never planned as parts; a later part carries nothing
-            return ChatDoc(empty, d, it)
+            return ChatDoc(np.zeros(0, dtype=np.int32), d, it)
         if not isinstance(rec, BadRecord):
-            opts = self.options[d]
             try:
-                enc = self.renderers[d].encode(self.conversation(d, rec))
+                return self.renderers[d].encode(self.conversation(d, rec))
             except ChatTimeoutError as e:  # not a bad record (it depends on the machine): the run stops
                 ix = self.datasets[d]
                 raise BadRecord(ix.name, ix.locate(it.shard, it.record)["file"], _locator(ix, it), str(e)).to_error(
@@ -191,14 +229,16 @@ class FetchChat(ProcessLocal):
             except ConversationError as e:
                 ix = self.datasets[d]
                 rec = BadRecord(ix.name, ix.locate(it.shard, it.record)["file"], _locator(ix, it), str(e))
-            else:
-                got, how = fit_conversation(enc.ids, enc.turns, opts, self.row_len)
-                if isinstance(got, str):
-                    return ChatDoc(empty, d, it, got)
-                return ChatDoc(got[0], d, it, None, got[1], how, cut=len(enc.ids) - len(got[0]))
         if self.on_error[d] == "raise":
             raise _error(rec, self.datasets[d].name)
-        return ChatDoc(empty, d, it, f"{rec.reason} ({rec.locator})")
+        return ChatDoc(np.zeros(0, dtype=np.int32), d, it, f"{rec.reason} ({rec.locator})")
+
+    def _fit(self, it: WorkItem, enc: ChatEncoding) -> ChatDoc:
+        """A conversation's ChatDoc under its dataset's long policy."""
+        got, how = fit_conversation(enc.ids, enc.turns, self.options[it.dataset], self.row_len)
+        if isinstance(got, str):
+            return ChatDoc(np.zeros(0, dtype=np.int32), it.dataset, it, got)
+        return ChatDoc(got[0], it.dataset, it, None, got[1], how, cut=len(enc.ids) - len(got[0]))
 
     def __repr__(self) -> str:
         names = [self.datasets[d].name for d in sorted(self.renderers)]

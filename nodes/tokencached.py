@@ -2,10 +2,13 @@
 (``$ZEPHON_TOKEN_CACHE``, :mod:`zephon.data.datasets.tokencache`) where their key matches, the
 others tokenized as without it and queued for the cache's background writer.
 
-Why a wrapper around the tokenize call: what a hit returns is the :class:`TokDoc` the call would
-have made (the same ids, offset and part flag), so the batches are byte-identical whether the
-cache is cold, warm, partial, corrupt or absent; a document's ids do not depend on the other
-documents of its chunk, so tokenizing only the misses changes nothing.
+Why a wrapper around the encoder's call: what a hit returns is what the call would have made
+(a text's :class:`TokDoc`: the same ids, offset and part flag; a conversation's ids and assistant
+turns, before its dataset's ``long`` policy and ``loss_on`` are applied), so the batches are
+byte-identical whether the cache is cold, warm, partial, corrupt or absent; a document's ids do
+not depend on the other documents of its chunk, so encoding only the misses changes nothing.
+The encoders (:class:`~zephon.nodes.FetchTokenize`, :class:`~zephon.nodes.FetchChat`) say what
+their entries depend on (``cache_settings``) and how their results become entries and back.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from zephon.data.datasets.tokencache import (
     cache_setting,
     shard_identity,
     token_cache,
-    width_of,
 )
 
 from .worksource import WorkItem
@@ -34,11 +36,9 @@ _UNKNOWN: Any = object()
 
 def cache_places(fetch: Any, cache: TokenCache, items: Sequence[WorkItem]) -> list[Place | None]:
     """Where each item's entry lives in ``cache`` (None: a document the cache does not hold: a
-    pretokenized one, or one of a dataset a ``transform`` filter rewrites). ``fetch``: the :class:`~zephon.nodes.tokenize.FetchTokenize`."""
-    whole = TokenCache.settings_key(fetch.tokenizer.fingerprint)
-    align = fetch.align if fetch.split == "tokens" else 1
-    parts = TokenCache.settings_key(fetch.tokenizer.fingerprint, f"{fetch.split}|{align}|{fetch.part_search}")
-    rewritten = fetch.rewritten  # datasets a transform rewrites: their texts are not the shards'
+    pretokenized one, or one of a dataset a ``transform`` filter rewrites). ``fetch``: the encoder
+    (:class:`~zephon.nodes.FetchTokenize`, :class:`~zephon.nodes.FetchChat`), whose
+    ``cache_settings(dataset, whole)`` names what its entries depend on besides the record."""
     out: list[Place | None] = []
     # a chunk's items share a few blocks: each block's place (a digest) is computed once per call
     known: dict[tuple[int, int, int, bool], Place | None] = {}
@@ -47,21 +47,21 @@ def cache_places(fetch: Any, cache: TokenCache, items: Sequence[WorkItem]) -> li
         k = (it.dataset, it.shard, it.record // BLOCK_RECORDS, whole_doc)
         place = known.get(k, _UNKNOWN)
         if place is _UNKNOWN:
-            shard = None if it.dataset in rewritten else shard_identity(fetch.datasets[it.dataset], it.shard)
-            # a transform's text is not the shard's: not cached (user code may change)
-            place = None if shard is None else cache.block_path(whole if whole_doc else parts, shard, it.record)
+            settings = fetch.cache_settings(it.dataset, whole_doc)
+            shard = None if settings is None else shard_identity(fetch.datasets[it.dataset], it.shard)
+            place = None if shard is None else cache.block_path(settings, shard, it.record)
             known[k] = place
         out.append(place)
     return out
 
 
 def through_cache(fetch: Any, items: list[WorkItem], call: Callable[[list[WorkItem]], list[Any]]) -> list[Any]:
-    """``call(items)`` (a list of TokDoc), the documents the node's token cache holds read from it
-    and the others tokenized by ``call`` and queued for the cache; plain ``call`` without a cache."""
+    """``call(items)``, the items the node's token cache holds read from it and the others made
+    by ``call`` and queued for the cache; plain ``call`` without a cache. ``fetch`` turns what
+    ``call`` returns into an entry (``to_entry``: None for a skip) and back (``from_entry``)."""
     cache = token_cache(fetch.token_cache)
     if cache is None or cache.disabled is not None or not items:
         return call(items)
-    doc_type = fetch.doc_type
     places = cache_places(fetch, cache, items)
     out: list[Any] = [None] * len(items)
     groups: dict[Place, list[int]] = collections.defaultdict(list)
@@ -71,18 +71,20 @@ def through_cache(fetch: Any, items: list[WorkItem], call: Callable[[list[WorkIt
     for (path, tag), js in groups.items():
         for j, e in zip(js, cache.get_many(path, tag, [_key(items[j]) for j in js])):
             if e is not None:
-                it = items[j]
-                out[j] = doc_type(e.tokens, it.dataset, it, None, e.offset, e.text_part)
+                out[j] = fetch.from_entry(e, items[j])
     miss = [j for j, d in enumerate(out) if d is None]
     if not miss:
         return out
-    width = width_of(fetch.tokenizer.vocab_size)
+    width = fetch.cache_width()
     new: dict[Place, list[tuple[tuple[int, int, int], TokenEntry]]] = collections.defaultdict(list)
     for j, doc in zip(miss, call([items[j] for j in miss])):
         out[j] = doc
         p = places[j]
-        if p is not None and doc.skipped is None and (not doc.tokens.size or int(doc.tokens.max()) >> (8 * width) == 0):
-            new[p].append((_key(items[j]), TokenEntry(doc.tokens, doc.offset, doc.text_part)))
+        if p is None:
+            continue
+        e = fetch.to_entry(doc)
+        if e is not None and (not e.tokens.size or int(e.tokens.max()) >> (8 * width) == 0):
+            new[p].append((_key(items[j]), e))
     for (path, tag), entries in new.items():
         cache.put_many(path, tag, width, entries)
     return out

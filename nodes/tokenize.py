@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from zephon.data.datasets import BadRecord, DataError, DatasetIndex, out_of_vocab
+from zephon.data.datasets.tokencache import TokenCache, TokenEntry, width_of
 from zephon.data.tokenizer import TextTokenizer
 from zephon.engine import ProcessLocal
 
@@ -217,7 +218,6 @@ class FetchTokenize(ProcessLocal):
         ProcessLocal.__init__(self)
 
     _transient: tuple[str, ...] = ("_parts_cache", "_text_cache")
-    doc_type, part_search = TokDoc, PART_SEARCH_CHARS  # what the token cache needs (tokencached.py)
 
     #: texts of multi-part records kept per process ("text" mode): a part re-reads its record
     #: only when the record left this cache (a read is ~1/400 of tokenizing the record here)
@@ -237,6 +237,31 @@ class FetchTokenize(ProcessLocal):
     def __call__(self, items: list[WorkItem], given: Mapping[Key, Any] | None = None) -> list[TokDoc]:
         """``items -> [TokDoc]``, through the node's token cache if set; ``given``: see :meth:`read`."""
         return through_cache(self, items, functools.partial(self.tokenize, given=given))
+
+    # -- the token cache's view of this encoder (tokencached.py) ---------------------------------
+    def cache_settings(self, d: int, whole: bool) -> str | None:
+        """What dataset ``d``'s entries depend on besides the record (None: not cached): the
+        tokenizer and, for the parts of a long document, how parts are cut."""
+        if d in self.rewritten:  # a transform's text is not the shard's (user code may change)
+            return None
+        if whole:
+            return TokenCache.settings_key(self.tokenizer.fingerprint)
+        align = self.align if self.split == "tokens" else 1
+        return TokenCache.settings_key(self.tokenizer.fingerprint, f"{self.split}|{align}|{PART_SEARCH_CHARS}")
+
+    def cache_width(self) -> int:
+        """Bytes per id in the token cache."""
+        return width_of(self.tokenizer.vocab_size)
+
+    @staticmethod
+    def from_entry(e: TokenEntry, it: WorkItem) -> TokDoc:
+        """The document a cache entry holds."""
+        return TokDoc(e.tokens, it.dataset, it, None, e.offset, e.text_part)
+
+    @staticmethod
+    def to_entry(doc: TokDoc) -> TokenEntry | None:
+        """A tokenized document as a cache entry (None: a skip, not cached)."""
+        return None if doc.skipped is not None else TokenEntry(doc.tokens, doc.offset, doc.text_part)
 
     def tokenize(self, items: list[WorkItem], given: Mapping[Key, Any] | None = None) -> list[TokDoc]:
         """``items -> [TokDoc]`` without the token cache."""

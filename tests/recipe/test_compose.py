@@ -31,6 +31,8 @@ from compose_fixtures import (
 from toml_writer import to_toml
 
 from zephon import Recipe, WorkerConfig, batch_sha256
+from zephon.data import token_cache
+from zephon.data.datasets.tokencache import ENV_DIR
 from zephon.engine.checkpoint import decode_state, encode_state
 from zephon.recipe import RecipeError
 
@@ -99,9 +101,13 @@ FEATURES |= {
     "process": Feature(_process, "same", slow=True),
     "schedule": Feature(_schedule, "changes"),
     "skip": Feature(with_skips, "skips"),
+    # the node's token cache ($ZEPHON_TOKEN_CACHE, set by test_pair): the same batches, read from it
+    "token_cache": Feature(lambda cfg, kind: None, "cached"),
 }
 #: feature pairs run on every kind besides the single features
-PAIRS = ("finite+fork", "field+skip", "length_tokens+process")
+PAIRS = ("finite+fork", "field+skip", "length_tokens+process", "regex+token_cache", "skip+token_cache")
+#: the kinds whose documents the token cache holds (texts, conversations without images)
+CACHED_KINDS = ("text", "chat", "mix")
 
 # -- what each pair must do ----------------------------------------------------------------------
 NO_TEXT = "refused: no text"  # pretokenized ids: a rule on text has nothing to read
@@ -118,6 +124,7 @@ for _kind in ("chat", "mix", "image_text", "interleaved", "vlchat"):
     if _kind != "mix":
         EXPECT[_kind, "transform_a"] = TRANSFORM
 EXPECT["pretok", "field+skip"] = EXPECT["pretok", "field"]
+EXPECT["pretok", "regex+token_cache"] = NO_TEXT
 for _kind in ("image_text", "interleaved", "vlchat"):  # refused today, one line; not a pair issue 31 asks for
     EXPECT[_kind, "schedule"] = "refused: [[batch_schedule]] is not supported with image-text datasets"
 EXPECT["pretok", "regex_a"] = EXPECT["pretok", "transform_a"] = NO_TEXT
@@ -191,7 +198,11 @@ def run(recipe: Recipe, world: int, steps: int, workers=INLINE, state=None):
                 counts[k] = counts.get(k, 0) + n
             for k, n in m.get("SkipCounter", {}).get("skipped", {}).items():
                 counts[f"skip/{k}"] = counts.get(f"skip/{k}", 0) + n
-        return out, decode_state(encode_state(g.state_dict())), counts
+        state_out = decode_state(encode_state(g.state_dict()))
+    cache = token_cache()  # the token cache's writes done, so the next run can read them
+    if cache is not None:
+        cache.flush()
+    return out, state_out, counts
 
 
 _refs: dict[str, list[str]] = {}
@@ -229,6 +240,11 @@ def check_effect(kind: str, feature: str, ref: list[str], counts: dict[str, int]
             assert ref != base_reference(kind, root), f"{name!r} changed no batch"
         elif effect == "same" and feature == name:
             assert ref == base_reference(kind, root), f"{name!r} changed the batches"
+        elif effect == "cached":
+            if feature == name:
+                assert ref == base_reference(kind, root), "the token cache changed the batches"
+            hits = token_cache().stats["hits"]
+            assert (hits > 0) == (kind in CACHED_KINDS), f"{kind}: {hits} documents read from the token cache"
         elif effect == "fork":
             theirs = run(parent, 1, STEPS)[0]
             assert ref[:SAVE_AT] == theirs[:SAVE_AT], "the fork's first batches are not its parent's"
@@ -236,7 +252,9 @@ def check_effect(kind: str, feature: str, ref: list[str], counts: dict[str, int]
 
 
 @pytest.mark.parametrize("kind,feature", _cases())
-def test_pair(root, kind, feature):
+def test_pair(root, kind, feature, tmp_path, monkeypatch):
+    if "token_cache" in feature.split("+"):  # a setting of the node, read when a pipeline is built
+        monkeypatch.setenv(ENV_DIR, str(tmp_path / "token-cache"))
     cfg, parent_cfg = case_config(kind, feature, root)
     want = expected(kind, feature)
     if want.startswith("refused: "):

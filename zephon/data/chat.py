@@ -99,6 +99,9 @@ _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 #: conversations with at most this many assistant turns are masked by rendering each prefix (a
 #: template without generation markers); longer ones by one rendering, checked on a sample
 EXACT_TURNS = 8
+#: how a conversation becomes ids and turns (:meth:`ChatRenderer.encode`); raise it when that
+#: changes, so the token cache's entries written before are not read
+_RENDER_VERSION = 1
 #: prefix renderings a long conversation's spans are checked against (turns: first, last, between)
 CHECKED_TURNS = 4
 
@@ -337,6 +340,7 @@ class ChatRenderer:
         self.roles: tuple[str, ...] = (*ROLES, *(r for r in template_roles(template) if r not in ROLES))
         self._lock = threading.Lock()
         self._tok: Any = None
+        self._identity: str | None = None
         tok = self._tokenizer()
         self.specials = sorted(
             (t.content for t in tok.get_added_tokens_decoder().values() if t.special), key=len, reverse=True
@@ -377,6 +381,19 @@ class ChatRenderer:
             if isinstance(v, str):
                 out[k] = v
         return out
+
+    def cache_identity(self) -> str:
+        """What a conversation's ids and turns depend on besides the conversation: the tokenizer
+        file, the template, the special tokens it is given, how turns are found (the token
+        cache's key for conversations: a change to any of them never reads a stale entry)."""
+        if self._identity is None:
+            p = self.tokenizer_path
+            with open(os.path.join(p, "tokenizer.json") if os.path.isdir(p) else p, "rb") as f:
+                h = hashlib.sha256(f.read())
+            how = [_RENDER_VERSION, self.template, self._kwargs, self.exact_turns, self.markers, self.specials]
+            h.update(json.dumps(how, sort_keys=True).encode("utf-8"))
+            self._identity = h.hexdigest()
+        return self._identity
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_tok")}

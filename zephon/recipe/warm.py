@@ -4,8 +4,8 @@ Why: the first run of a corpus pays the tokenizer; a warm job run once (on idle 
 over a Ray cluster by ``zephon warm --ray``) makes every later run, ablation and concurrent job
 read ids instead. What is written is exactly what the loader would write: the recipe's own
 record pipeline (:attr:`Prepared.pipeline`, its filters included) is called on the items the
-loader plans (every record of a text dataset, each long one as the parts the plan cuts it into),
-so the loader's keys are the warm job's keys.
+loader plans (every record of a text dataset, each long one as the parts the plan cuts it into;
+every conversation of a chat dataset, rendered), so the loader's keys are the warm job's keys.
 
 Resumable and idempotent without a state file: a shard whose entries are all present is skipped
 (one look per block), and within a shard only the missing entries are tokenized.
@@ -14,11 +14,12 @@ Resumable and idempotent without a state file: a shard whose entries are all pre
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from zephon.data.datasets.tokencache import TokenCache, shard_identity, token_cache
-from zephon.nodes import Carried, FetchTokenize, RecordPipeline
+from zephon.nodes import Carried, FetchChat, FetchTokenize, RecordPipeline
 from zephon.nodes.tokencached import cache_places
 from zephon.nodes.worksource import LaneWorkSource, WorkItem, WorkPlan
 
@@ -29,6 +30,7 @@ from .spec import RecipeError
 __all__ = [
     "WARM_CHUNK",
     "WarmUnit",
+    "cached",
     "check_warmable",
     "shard_items",
     "warm_local",
@@ -50,15 +52,21 @@ class WarmUnit:
     items: int
 
 
+def cached(enc: Any) -> bool:
+    """Whether the token cache holds what encoder ``enc`` makes (texts' ids, conversations' ids
+    and turns; not pretokenized ids, image-text samples or conversations with images)."""
+    return isinstance(enc, (FetchTokenize, FetchChat))
+
+
 def check_warmable(p: Prepared) -> TokenCache:
     """The token cache a recipe's warm job writes to; refuses a recipe or setting it cannot warm."""
-    enc = p.text_encoder
-    if p.spec.multimodal or enc is None:
+    encs: list[Any] = [e for e in p.pipeline.encoders if cached(e)]
+    if p.spec.multimodal or not encs:
         raise RecipeError(
-            "zephon warm: only the text datasets of text recipes have a token cache (this recipe has none: its "
-            "documents are image-text or conversations)"
+            "zephon warm: the token cache holds text documents and conversations of recipes without images; this "
+            "recipe has none (its datasets are pretokenized, image-text or conversations with images)"
         )
-    cache = token_cache(enc.token_cache)
+    cache = token_cache(encs[0].token_cache)
     if cache is None:
         raise RecipeError(
             "zephon warm: no token cache is set; set ZEPHON_TOKEN_CACHE to a local folder shared by the "
@@ -85,8 +93,8 @@ def warm_units(p: Prepared) -> list[WarmUnit]:
     nothing to cache), largest first (the tail of a spread job is short)."""
     units = []
     for d, ix in enumerate(p.indexes):
-        if not isinstance(p.pipeline.encoders[d], FetchTokenize):
-            continue  # conversations and image-text samples are not kept in the token cache
+        if not cached(p.pipeline.encoders[d]):
+            continue  # pretokenized ids and image-text samples are not kept in the token cache
         for s, meta in enumerate(ix.shards):
             if meta.num_records and shard_identity(ix, s) is not None:
                 units.append(WarmUnit(d, s, meta.num_records))
@@ -120,7 +128,7 @@ def warm_shard(pipe: RecordPipeline, plan_items: list[WorkItem]) -> dict[str, in
     as its policy says)."""
     if not plan_items:
         return {"items": 0, "tokenized": 0, "tokens": 0}
-    enc: Any = pipe.encoders[plan_items[0].dataset]  # a FetchTokenize (warm_units picks its datasets)
+    enc: Any = pipe.encoders[plan_items[0].dataset]  # a FetchTokenize or FetchChat (warm_units picks its datasets)
     cache = token_cache(enc.token_cache)
     if cache is None:
         raise RecipeError("zephon warm: this process has no token cache (set ZEPHON_TOKEN_CACHE where it runs)")
@@ -149,8 +157,6 @@ def warm_local(
 ) -> dict[str, int]:
     """Warm the cache with every shard of ``recipe`` on this machine (``threads`` shards at a
     time); ``progress(done, total, counts)`` after each shard. Returns the summed counts."""
-    from concurrent.futures import ThreadPoolExecutor
-
     p = recipe.prepare()
     check_warmable(p)
     units = warm_units(p)
@@ -190,7 +196,7 @@ def warm_share(recipe: Recipe, steps: int, lanes: Iterator[int] | None = None) -
             got += plan.part_weight(w, it.part, it.parts) * plan.tokens_per_byte + plan.tokens_per_record
     by_dataset: dict[int, list[WorkItem]] = {}
     for it in items:
-        if isinstance(p.pipeline.encoders[it.dataset], FetchTokenize):
+        if cached(p.pipeline.encoders[it.dataset]):
             by_dataset.setdefault(it.dataset, []).append(it)
     missing = sum(len(_missing(p.pipeline, cache, its)) for its in by_dataset.values())
     return sum(map(len, by_dataset.values())) - missing, len(items)

@@ -5,9 +5,11 @@ jobs at once on one node, and the tokenizer is the ceiling of a text pipeline. A
 depend only on its bytes, the tokenizer and the tokenize settings, so with ``$ZEPHON_TOKEN_CACHE``
 set to a local folder the run that tokenizes a document writes its ids there (on a background
 thread, off the critical path) and any later run or concurrent job whose key matches reads them
-instead of tokenizing. It is a setting of the node, like the shard cache: not part of the data
-definition or its fingerprint, and the batches are byte-identical with it cold, warm, partial,
-corrupted or absent.
+instead of tokenizing. A conversation's ids and assistant turns likewise depend only on its bytes,
+the renderer (tokenizer, chat template) and how the record is read (its encoder's settings key;
+entries at 32 bits, the ids then the turns' bounds). It is a setting of the node, like the shard
+cache: not part of the data definition or its fingerprint, and the batches are byte-identical
+with it cold, warm, partial, corrupted or absent.
 
 What an entry is keyed by: a *block* (a file) holds the entries of :data:`BLOCK_RECORDS`
 consecutive records of one shard under one setting; its name is a digest of
