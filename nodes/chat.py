@@ -44,7 +44,7 @@ from .stages.pipeline import UnviewableError
 from .tokencached import cache_setting, through_cache
 from .worksource import WorkItem, read_items
 
-__all__ = ["LONG", "ChatDoc", "ChatOptions", "ChatPack", "FetchChat", "fit_conversation"]
+__all__ = ["LONG", "ChatDoc", "ChatOptions", "ChatPack", "FetchChat", "chat_cache_settings", "fit_conversation"]
 
 #: what happens to a conversation longer than a row (module doc)
 LONG = ("drop", "truncate", "truncate_turns", "split")
@@ -124,6 +124,14 @@ def fit_conversation(
     return f'conversation too long: {n} tokens, a row holds {row} (long = "{opts.long}")', None
 
 
+def chat_cache_settings(renderer: ChatRenderer, opts: ChatOptions) -> str:
+    """The token cache's settings key of conversations rendered by ``renderer`` and read as
+    ``opts`` say (format, system prompt, roles): what their ids and turns depend on besides the
+    record (``loss_on`` and ``long`` are applied after, so they share the entries)."""
+    how = [opts.format, opts.system_prompt, sorted((opts.roles or {}).items()), opts.template_roles]
+    return TokenCache.settings_key(renderer.cache_identity(), f"chat|{how}")
+
+
 class FetchChat(ProcessLocal):
     """``items -> [ChatDoc]``: the encoder of chat datasets (conversations rendered and masked).
 
@@ -171,9 +179,7 @@ class FetchChat(ProcessLocal):
         renderer (tokenizer, template) and how the record is read as a conversation."""
         got = self._settings.get(d)
         if got is None:
-            o = self.options[d]
-            how = [o.format, o.system_prompt, sorted((o.roles or {}).items()), o.template_roles]
-            got = self._settings[d] = TokenCache.settings_key(self.renderers[d].cache_identity(), f"chat|{how}")
+            got = self._settings[d] = chat_cache_settings(self.renderers[d], self.options[d])
         return got
 
     def cache_width(self) -> int:
@@ -181,7 +187,7 @@ class FetchChat(ProcessLocal):
         return 4
 
     @staticmethod
-    def from_entry(e: TokenEntry, it: WorkItem) -> ChatEncoding:
+    def from_entry(e: TokenEntry, it: WorkItem | None = None) -> ChatEncoding:
         """The ids and turns a cache entry holds (ids, then the turns' bounds; ``offset``: the ids)."""
         n = int(e.offset)
         bounds = e.tokens[n:].tolist()

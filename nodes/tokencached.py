@@ -28,7 +28,7 @@ from zephon.data.datasets.tokencache import (
 
 from .worksource import WorkItem
 
-__all__ = ["cache_places", "cache_setting", "through_cache"]
+__all__ = ["cache_places", "cache_setting", "cached_entries", "through_cache"]
 
 Place = tuple[str, bytes]  # a block file and its frames' tag
 _UNKNOWN: Any = object()
@@ -87,6 +87,28 @@ def through_cache(fetch: Any, items: list[WorkItem], call: Callable[[list[WorkIt
             new[p].append((_key(items[j]), e))
     for (path, tag), entries in new.items():
         cache.put_many(path, tag, width, entries)
+    return out
+
+
+def cached_entries(
+    cache: TokenCache | None, settings: str, index: Any, shard: int, records: Sequence[int]
+) -> dict[int, TokenEntry]:
+    """The whole-record entries (by record) that ``cache`` holds for ``records`` of shard
+    ``shard`` of ``index`` under encoder settings ``settings``: what a recipe's token estimates
+    read instead of tokenizing (or rendering) their sample again; none without a cache."""
+    if cache is None or cache.disabled is not None or not records:
+        return {}
+    ident = shard_identity(index, shard)
+    if ident is None:
+        return {}
+    groups: dict[Place, list[int]] = collections.defaultdict(list)
+    for r in records:
+        groups[cache.block_path(settings, ident, r)].append(r)
+    out: dict[int, TokenEntry] = {}
+    for (path, tag), rs in groups.items():
+        for r, e in zip(rs, cache.get_many(path, tag, [(r, 0, 1) for r in rs], counted=False)):
+            if e is not None:
+                out[r] = e
     return out
 
 

@@ -58,8 +58,9 @@ def hashes(
     estimates render a seeded sample of conversations in every run, as text's tokenize one)."""
     r = Recipe.from_dict(copy.deepcopy(cfg), root)
     r.prepare()
-    if renders is not None:
+    if renders is not None:  # counted from here: what the loader renders and misses
         renders["n"] = 0
+        renders["misses"] = token_cache().stats["misses"] if token_cache() is not None else 0
     with r.global_loader(world, workers=workers, prefetch=0) as g:
         out = [batch_sha256(next(g)) for _ in range(STEPS)]
     cache = token_cache()
@@ -83,9 +84,8 @@ def test_chat_batches_are_the_same_cold_and_warm_and_a_warm_run_renders_nothing(
     want = uncached(cfg, root)
     assert hashes(cfg, root) == want  # cold
     assert token_cache().stats["written"] > 0
-    misses = token_cache().stats["misses"]
     assert hashes(cfg, root, renders=renders) == want  # warm, the same run
-    assert renders["n"] == 0 and token_cache().stats["misses"] == misses  # nothing rendered or tokenized
+    assert renders["n"] == 0 and token_cache().stats["misses"] == renders["misses"]  # nothing rendered or tokenized
     assert hashes(cfg, root, 2, WorkerConfig(2, "thread")) == want
     assert hashes(cfg, root, 4, WorkerConfig(2, "process")) == want
 
@@ -155,7 +155,19 @@ def test_zephon_warm_fills_the_conversations_the_loader_reads(root, folder, rend
     assert counts["tokenized"] > 0
     held, planned = warm_share(Recipe.from_dict(copy.deepcopy(cfg), root), STEPS)
     assert held == planned > 0
-    misses = token_cache().stats["misses"]
     assert hashes(cfg, root, renders=renders) == want
-    assert renders["n"] == 0 and token_cache().stats["misses"] == misses
+    assert renders["n"] == 0 and token_cache().stats["misses"] == renders["misses"]
     assert warm_local(Recipe.from_dict(copy.deepcopy(cfg), root))["tokenized"] == 0  # idempotent
+
+
+def test_a_warm_cache_gives_the_chat_token_estimates_without_rendering(root, folder, renders):
+    cfg = base_config("chat", root)
+    env = os.environ.pop(tc.ENV_DIR)
+    try:
+        want = Recipe.from_dict(copy.deepcopy(cfg), root).prepare().estimates
+    finally:
+        os.environ[tc.ENV_DIR] = env
+    warm_local(Recipe.from_dict(copy.deepcopy(cfg), root))
+    renders["n"] = 0
+    assert Recipe.from_dict(copy.deepcopy(cfg), root).prepare().estimates == want
+    assert renders["n"] == 0

@@ -19,9 +19,10 @@ import pytest
 from text_fixtures import hashes_without_token_cache, write_corpus, write_recipe
 
 from zephon import Recipe, WorkerConfig
-from zephon.data import token_cache
+from zephon.data import TextTokenizer, token_cache
 from zephon.data.datasets import tokenblock
 from zephon.data.datasets import tokencache as tc
+from zephon.recipe.warm import warm_local
 from zephon.tools.cli import run_hashes
 
 SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
@@ -362,3 +363,27 @@ def test_loader_metrics_report_the_token_cache(recipe, folder):
     cold, warm = outs
     assert cold["zephon/token_cache/misses"] > 0 and cold["zephon/token_cache/bytes_written"] > 0
     assert warm["zephon/token_cache/hit_share"] == 1.0 and warm["zephon/token_cache/bytes_read"] > 0
+
+
+def test_a_warm_cache_gives_the_token_estimates_without_tokenizing(recipe_path, folder, monkeypatch):
+    """Every run's prepare measures tokens per byte on a seeded sample: with the cache warm the
+    sampled whole records' lengths come from it (the same estimates), nothing is tokenized."""
+    # rows long enough that no document is cut into parts (a part's entry is not its whole record's)
+    long_rows = Recipe.from_toml(recipe_path).replace(seq_len=8192)
+    os.environ.pop(tc.ENV_DIR)
+    try:
+        want = long_rows.replace().prepare().estimates
+    finally:
+        os.environ[tc.ENV_DIR] = str(folder)
+    warm_local(long_rows.replace())
+    calls = {"n": 0}
+    encode = TextTokenizer.encode_content
+
+    def counted(self, texts):
+        calls["n"] += len(texts)
+        return encode(self, texts)
+
+    monkeypatch.setattr(TextTokenizer, "encode_content", counted)
+    got = long_rows.replace().prepare().estimates
+    assert got == want
+    assert calls["n"] == 0

@@ -24,7 +24,10 @@ from zephon.data import ChatRenderer, ConversationError, ShardIndex
 from zephon.data.chat import load_chat_template
 from zephon.data.chatbounds import ChatTimeoutError
 from zephon.data.chatimages import parse_vl_conversation
+from zephon.data.datasets.tokencache import TokenCache
 from zephon.nodes import IGNORE_INDEX, ChatOptions, FetchChat, FetchVisionChat, fit_conversation
+from zephon.nodes.chat import chat_cache_settings
+from zephon.nodes.tokencached import cached_entries
 from zephon.nodes.vlchat import expand_placeholders
 
 from .estimate import planned_bytes
@@ -145,6 +148,7 @@ def estimate_chat(
     renderer: ChatRenderer,
     sampler: Callable[..., Any],
     special: Mapping[str, int] | None = None,
+    cache: TokenCache | None = None,
 ) -> tuple[float, float, int, dict[str, tuple[int, str]]]:
     """A chat dataset's token estimate ``(tokens per record byte, 0 per record, conversations
     measured, bad ones by reason)`` on the seeded sample ``sampler`` draws (the one text datasets
@@ -152,14 +156,17 @@ def estimate_chat(
     run delivers them under the dataset's ``long`` policy (a dropped conversation weighs its bytes
     with no tokens, so the plan draws more conversations to make the dataset's share; from data
     version 5 a bad one does too: skipped under ``on_error = "skip"``, it delivers nothing).
-    ``special``: the vision token ids, for a dataset whose conversations hold images."""
+    ``special``: the vision token ids, for a dataset whose conversations hold images. ``cache``:
+    the node's token cache, whose entries give sampled conversations' ids and turns unrendered."""
     opts = _options(spec)[d]
     sample = sampler(index, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=d)
     tokens = nbytes = records = 0
     bad: dict[str, tuple[int, str]] = {}
     images = _ImageRuns(spec, d, index, special or {}) if spec.datasets[d].has_images else None
+    settings = chat_cache_settings(renderer, opts) if cache is not None and images is None else ""
     for s, local in sample:
         sizes = index.record_bytes(s)
+        held = cached_entries(cache, settings, index, s, local) if settings else {}
         for r, rec in zip(local, index.read(s, local)):
             try:
                 if images is not None:
@@ -167,7 +174,8 @@ def estimate_chat(
                 else:
                     if not isinstance(rec, str):
                         raise ConversationError(str(getattr(rec, "reason", rec)))
-                    enc = renderer.encode(opts.parse(rec, renderer))
+                    e = held.get(r)
+                    enc = FetchChat.from_entry(e) if e is not None else renderer.encode(opts.parse(rec, renderer))
                     got, _ = fit_conversation(enc.ids, enc.turns, opts, spec.seq_len + 1)  # what the run delivers
             except ChatTimeoutError as e:  # not a bad record: whether it happens depends on the machine
                 where = index.locate(s, r)

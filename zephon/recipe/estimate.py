@@ -13,9 +13,11 @@ import numpy as np
 
 from zephon.data import BadRecord, ShardIndex, TextTokenizer
 from zephon.data.datasets import BYTES_PER_TOKEN, out_of_vocab
+from zephon.data.datasets.tokencache import TokenCache
 from zephon.engine import IndexPermutation
 from zephon.engine.seeding import stable_u64
 from zephon.nodes import reason_class
+from zephon.nodes.tokencached import cached_entries
 
 from .spec import DatasetSpec, RecipeError
 
@@ -91,6 +93,7 @@ def estimate_tokens(
     samples: int,
     ds_number: int,
     bad_weigh: bool = False,
+    cache: TokenCache | None = None,
 ) -> TokenEstimate:
     """Tokens per text byte of a dataset, from a seeded sample of its records (text documents,
     or the captions and text entries of image-text samples), tokenized in one call.
@@ -104,9 +107,12 @@ def estimate_tokens(
     share of good records: a bad record skipped under ``on_error = "skip"`` uses the weight the
     plan gave it and delivers nothing, so the tokens per byte the plan uses are the ones the
     dataset delivers (before version 5 they were measured on the good records alone, and a
-    dataset with bad records realized less than its weight)."""
+    dataset with bad records realized less than its weight). ``cache``: the node's token cache,
+    whose whole-record entries give the sampled records' lengths without tokenizing them again
+    (the same ids: the estimate is unchanged)."""
     texts: list[str] = []
     shares: list[float] = []
+    where: list[tuple[int, int] | None] = []  # (shard, record) of a whole text the cache may hold
     nbytes = records = bad_bytes = id_bytes = 0
     bad: dict[str, list[Any]] = {}
     for s, local in estimation_sample(index, seed=seed, samples=samples, ds_number=ds_number):
@@ -135,6 +141,7 @@ def estimate_tokens(
                 head, share = _head(seg)
                 texts.append(head)
                 shares.append(share)
+                where.append((s, r) if isinstance(rec, str) and share == 1.0 else None)
             records += 1
     per_record = (1 if tokenizer.add_bos else 0) + (1 if tokenizer.add_eos else 0)
     bad_counts = {k: (int(v[0]), str(v[1])) for k, v in bad.items()}
@@ -145,13 +152,40 @@ def estimate_tokens(
         return TokenEstimate(good / BYTES_PER_TOKEN, 0.0, records, bad_counts)
     if not texts or nbytes == 0:
         return TokenEstimate(1.0, float(per_record), records, bad_counts)
-    lengths = [len(ids) for ids in tokenizer.encode_content(texts)]
+    lengths = _lengths(index, tokenizer, cache, texts, where)
     content: float = sum(n for n, f in zip(lengths, shares) if f == 1.0)
     if any(f != 1.0 for f in shares):  # the texts measured on their start, extrapolated
         content += sum(n / f for n, f in zip(lengths, shares) if f != 1.0)
     if bad_weigh:
         nbytes += bad_bytes
     return TokenEstimate(max(content, 1) / nbytes, per_record * kept, records, bad_counts)
+
+
+def _lengths(
+    index: ShardIndex,
+    tokenizer: TextTokenizer,
+    cache: TokenCache | None,
+    texts: list[str],
+    where: list[tuple[int, int] | None],
+) -> list[int]:
+    """The content tokens of each of ``texts``: a whole record's from its token cache entry (its
+    ids less BOS/EOS), the others tokenized in one call."""
+    known: dict[int, int] = {}
+    if cache is not None:
+        settings = TokenCache.settings_key(tokenizer.fingerprint)
+        per_record = (1 if tokenizer.add_bos else 0) + (1 if tokenizer.add_eos else 0)
+        by_shard: dict[int, list[tuple[int, int]]] = {}
+        for j, w in enumerate(where):
+            if w is not None:
+                by_shard.setdefault(w[0], []).append((j, w[1]))
+        for s, jr in by_shard.items():
+            got = cached_entries(cache, settings, index, s, [r for _, r in jr])
+            known |= {j: len(got[r].tokens) - per_record for j, r in jr if r in got and not got[r].text_part}
+    todo = [j for j in range(len(texts)) if j not in known]
+    lengths = [known.get(j, 0) for j in range(len(texts))]
+    for j, ids in zip(todo, tokenizer.encode_content([texts[j] for j in todo]) if todo else ()):
+        lengths[j] = len(ids)
+    return lengths
 
 
 def _bad_summary(est: TokenEstimate) -> str:

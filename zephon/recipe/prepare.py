@@ -35,6 +35,7 @@ from zephon.data import (
     TextTokenizer,
     index_dataset,
     index_multimodal,
+    token_cache,
 )
 from zephon.engine import StateError
 from zephon.nodes import (
@@ -393,11 +394,18 @@ def prepare(
     if progress:
         pairs = tqdm(pairs, desc="token estimation", unit="dataset")
     chat = chat_renderers(spec)
+    cache = token_cache()  # the node's token cache: the estimates' samples read from it where it holds them
     estimates = {
-        s.name: TokenEstimate(*estimate_chat(spec, i, ix, chat[i], estimation_sample, special))
+        s.name: TokenEstimate(*estimate_chat(spec, i, ix, chat[i], estimation_sample, special, cache))
         if i in chat
         else estimate_tokens(
-            ix, tok, seed=spec.seed, samples=spec.mixing.estimate_samples, ds_number=i, bad_weigh=spec.data_version >= 5
+            ix,
+            tok,
+            seed=spec.seed,
+            samples=spec.mixing.estimate_samples,
+            ds_number=i,
+            bad_weigh=spec.data_version >= 5,
+            cache=cache,
         )
         for i, (s, ix) in pairs
     }

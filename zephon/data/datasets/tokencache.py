@@ -194,8 +194,12 @@ class TokenCache:
                 old.close()
         return b
 
-    def get_many(self, path: str, tag: bytes, keys: Sequence[tuple[int, int, int]]) -> list[TokenEntry | None]:
-        """The entries of ``keys`` (record, part, parts) in block ``path`` (None: a miss)."""
+    def get_many(
+        self, path: str, tag: bytes, keys: Sequence[tuple[int, int, int]], counted: bool = True
+    ) -> list[TokenEntry | None]:
+        """The entries of ``keys`` (record, part, parts) in block ``path`` (None: a miss);
+        ``counted``: hits, misses and bytes in :attr:`stats` (not for a recipe's token estimates:
+        those are the loader's counts)."""
         if self.disabled is not None:
             return [None] * len(keys)
         b = self._block(path, tag)
@@ -219,11 +223,12 @@ class TokenCache:
                 b.touched = now
                 with contextlib.suppress(OSError):
                     os.utime(path, (now, now))
-        hits = sum(e is not None for e in out)
-        self.count("hits", hits)
-        self.count("misses", len(keys) - hits)
-        self.count("corrupt", corrupt)
-        self.count("bytes_read", nbytes)
+        self.count("corrupt", corrupt)  # met by anyone: the entry is forgotten, and re-tokenized
+        if counted:
+            hits = sum(e is not None for e in out)
+            self.count("hits", hits)
+            self.count("misses", len(keys) - hits)
+            self.count("bytes_read", nbytes)
         return out
 
     def present(self, path: str, tag: bytes, keys: Sequence[tuple[int, int, int]]) -> list[bool]:
