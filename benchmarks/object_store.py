@@ -315,6 +315,37 @@ def main() -> None:
     _write(rows, alone, turns, args, cmd, time.time() - t_all, load0, total)
 
 
+def _headlines(alone: dict, turns: dict, steps: int, hashes: list[str]) -> list[str]:
+    """The report's two warm-cache-vs-local-files paragraphs (taking turns; alone, alternating);
+    ``hashes``: the local files' batches."""
+    ratio = turns["warm"]["tokens_per_s"] / turns["local"]["tokens_per_s"]
+    same = turns["warm"]["hashes"] == turns["local"]["hashes"]
+    ratio_alone = alone["warm"]["tokens_per_s"] / alone["local"]["tokens_per_s"]
+    same_alone = all(h == hashes for v in alone.values() for h in v["hashes"])
+    n_alone = len(alone["local"]["runs_tokens_per_s"])
+    return [
+        f"**Warm cache vs local files, taking turns** (both loaders open, {steps} steps each after the first, "
+        "5 steps of one then 5 of the other, with `[workers] prefetch = 0` and a full garbage collection before "
+        f"each span): local {turns['local']['tokens_per_s']:,} tokens/s, S3 with a warm cache "
+        f"{turns['warm']['tokens_per_s']:,} tokens/s: **{ratio:.2f}x** of local (target >= 0.9x); same batches: "
+        f"{'yes' if same else 'NO'}. Prefetch is off here because a prefetching loader computes up to its depth (5 "
+        "steps) ahead on its own thread while the other loader is timed: the loader timed first in each round then "
+        "got its steps for free and the other paid for both (before this change: 0.25x with local files timed "
+        "first, 5x with the order swapped, for the same per-step work).",
+        "",
+        f"**Warm cache vs local files, each alone, alternating** ({n_alone} fresh loaders of each in the order "
+        f"local, warm, warm, local, ...; {steps} steps after the first, prefetch as the recipe says; medians): "
+        f"local {alone['local']['tokens_per_s']:,} tokens/s ({alone['local']['steady_cpu_s']:.2f} s process CPU), "
+        f"S3 with a warm cache {alone['warm']['tokens_per_s']:,} tokens/s ({alone['warm']['steady_cpu_s']:.2f} s): "
+        f"**{ratio_alone:.2f}x** of local (target >= 0.9x); same batches: {'yes' if same_alone else 'NO'}. "
+        "Each run's tokens/s: local "
+        + ", ".join(f"{x:,}" for x in alone["local"]["runs_tokens_per_s"])
+        + "; warm "
+        + ", ".join(f"{x:,}" for x in alone["warm"]["runs_tokens_per_s"])
+        + ".",
+    ]
+
+
 def _write(
     rows: list, alone: dict, turns: dict, args: argparse.Namespace, cmd: str, took: float, load0: tuple, total: int
 ) -> None:
@@ -340,7 +371,6 @@ def _write(
     )
     with open(os.path.join(res, f"{args.tag}.json"), "w") as f:
         json.dump(doc, f, indent=1)
-    n_alone = len(alone["local"]["runs_tokens_per_s"])
     lines = [
         "# Object storage: a text recipe from an S3 server vs from local files",
         "",
@@ -353,25 +383,7 @@ def _write(
         f"{total / 1e6:.1f} MB in 9 shards (web JSONL, code Parquet, books text). One rank, 8 lanes x 2 rows of "
         f"1024 tokens per step, inline workers.",
         "",
-        f"**Warm cache vs local files, taking turns** (both loaders open, {args.steps} steps each after the first, "
-        "5 steps of one then 5 of the other, with `[workers] prefetch = 0` and a full garbage collection before "
-        f"each span): local {turns['local']['tokens_per_s']:,} tokens/s, S3 with a warm cache "
-        f"{turns['warm']['tokens_per_s']:,} tokens/s: **{ratio:.2f}x** of local (target >= 0.9x); same batches: "
-        f"{'yes' if same else 'NO'}. Prefetch is off here because a prefetching loader computes up to its depth (5 "
-        "steps) ahead on its own thread while the other loader is timed: the loader timed first in each round then "
-        "got its steps for free and the other paid for both (before this change: 0.25x with local files timed "
-        "first, 5x with the order swapped, for the same per-step work).",
-        "",
-        f"**Warm cache vs local files, each alone, alternating** ({n_alone} fresh loaders of each in the order "
-        f"local, warm, warm, local, ...; {args.steps} steps after the first, prefetch as the recipe says; medians): "
-        f"local {alone['local']['tokens_per_s']:,} tokens/s ({alone['local']['steady_cpu_s']:.2f} s process CPU), "
-        f"S3 with a warm cache {alone['warm']['tokens_per_s']:,} tokens/s ({alone['warm']['steady_cpu_s']:.2f} s): "
-        f"**{ratio_alone:.2f}x** of local (target >= 0.9x); same batches: {'yes' if same_alone else 'NO'}. "
-        "Each run's tokens/s: local "
-        + ", ".join(f"{x:,}" for x in alone["local"]["runs_tokens_per_s"])
-        + "; warm "
-        + ", ".join(f"{x:,}" for x in alone["warm"]["runs_tokens_per_s"])
-        + ".",
+        *_headlines(alone, turns, args.steps, base["hashes"]),
         "",
         "**Each setup on its own, one after another** (a fresh loader: time to the first batch includes listing, "
         f"indexing, token estimates and the first step; tokens/s over {args.steps} steps after it, so load drift "
