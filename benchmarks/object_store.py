@@ -12,15 +12,21 @@ downloaded once, while indexing); S3 with the cache warm and its index built (a 
 node); the same with download-ahead off. Per setup: time to the first batch (prepare: listing,
 indexing, token estimates, first step), steady throughput (tokens per second over ``--steps``
 steps after the first), the bytes fetched from the server, the record bytes the run used, and
-whether the batches are those of the local files.
+whether the batches are those of the local files. Then the warm cache against local files twice
+more: each alone, fresh loaders alternating (medians: the rows above run one after another, so
+the later ones pay for load drift and for the loaders run before them in the process), and both
+loaders open taking turns, without prefetch (a prefetching loader would compute ahead on its
+thread while the other one is timed).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -62,7 +68,7 @@ weight = 0.3
 
 [shuffle]
 buffer = 64
-"""
+{workers}"""
 
 BUCKET = "zephon-bench"
 
@@ -107,12 +113,25 @@ class Bytes:
         return out
 
 
-def _recipe(root: str, index: str, path: str) -> str:
+def _recipe(root: str, index: str, path: str, prefetch: int | None = None) -> str:
+    """The recipe file; ``prefetch``: its ``[workers] prefetch`` (performance only: the same
+    batches, the same index), None for the default ("auto")."""
     from zephon.tools.demo import TOKENIZER_DIR
 
+    workers = "" if prefetch is None else f"\n[workers]\nprefetch = {prefetch}\n"
     with open(path, "w") as f:
-        f.write(RECIPE.format(root=root, index=index, tok=TOKENIZER_DIR))
+        f.write(RECIPE.format(root=root, index=index, tok=TOKENIZER_DIR, workers=workers))
     return path
+
+
+def _collect() -> float:
+    """A full garbage collection before a timed span; returns its CPU seconds. A closed loader
+    leaves tens of thousands of objects in reference cycles, freed only by a full (generation 2)
+    collection, which Python starts whenever enough have piled up: one falling inside a setup's
+    timed span (0.2 s on this corpus, half of a 20-step span) charges it for the loaders before it."""
+    c0 = time.process_time()
+    gc.collect()
+    return time.process_time() - c0
 
 
 def _run(recipe: str, steps: int, counter: Bytes, env: dict[str, str]) -> dict:
@@ -127,15 +146,25 @@ def _run(recipe: str, steps: int, counter: Bytes, env: dict[str, str]) -> dict:
     s3fs.S3FileSystem.clear_instance_cache()
     counter.take()
     before = dict(node_cache().stats) if node_cache() is not None else {}
+    _collect()
     c0 = time.process_time()
     t0 = time.perf_counter()
     with RankBatches(Recipe.from_toml(recipe), 1, None, workers=WorkerConfig(0)) as g:
-        hashes = [batch_sha256(g.next_step())]
-        first = time.perf_counter() - t0
+        opened = time.perf_counter() - t0
+        # prepared (listing, indexing, estimates), its garbage collected before the first step
+        # starts the prefetch thread: the timed steps then start as before, without a full
+        # collection owed
+        collected = _collect()
         t1 = time.perf_counter()
+        hashes = [batch_sha256(g.next_step())]
+        first = opened + time.perf_counter() - t1
+        full0 = gc.get_stats()[2]["collections"]
+        c2, t2 = time.process_time(), time.perf_counter()
         hashes += [batch_sha256(g.next_step()) for _ in range(steps)]
-        steady = time.perf_counter() - t1
-        cpu = time.process_time() - c0
+        steady = time.perf_counter() - t2
+        steady_cpu = time.process_time() - c2
+        full = gc.get_stats()[2]["collections"] - full0
+        cpu = time.process_time() - c0 - collected
     cache = node_cache()
     if cache is not None:
         cache.drain()
@@ -145,6 +174,8 @@ def _run(recipe: str, steps: int, counter: Bytes, env: dict[str, str]) -> dict:
         "steady_s": round(steady, 3),
         "tokens_per_s": round(steps * 16 * 1024 / steady),
         "process_cpu_s": round(cpu, 2),
+        "steady_cpu_s": round(steady_cpu, 3),
+        "full_collections_timed": full,
         "bytes_fetched": fetched,
         "record_bytes_used": used,
         "cache": {k: v - before.get(k, 0) for k, v in cache.stats.items()} if cache is not None else None,
@@ -152,27 +183,64 @@ def _run(recipe: str, steps: int, counter: Bytes, env: dict[str, str]) -> dict:
     }
 
 
+def _alternating(setups: dict[str, tuple[str, dict[str, str]]], steps: int, counter: Bytes, rounds: int = 3) -> dict:
+    """Each setup run alone (a fresh loader, as :func:`_run`) ``2 * rounds`` times in the order
+    A B B A A B ..., medians: the rows of the table run one after another, so the later ones pay
+    for drift (on this shared machine the steady CPU of the same 20 steps rose 10-25% over ten
+    runs in one process); alternating spreads it over both setups."""
+    keys = list(setups)
+    runs: dict[str, list[dict]] = {k: [] for k in keys}
+    for i in range(2 * rounds):
+        for k in keys if i % 2 == 0 else keys[::-1]:
+            recipe, env = setups[k]
+            runs[k].append(_run(recipe, steps, counter, env))
+    return {
+        k: {
+            "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in v)),
+            "steady_cpu_s": round(statistics.median(r["steady_cpu_s"] for r in v), 3),
+            "runs_tokens_per_s": [r["tokens_per_s"] for r in v],
+            "hashes": [r["hashes"] for r in v],
+        }
+        for k, v in runs.items()
+    }
+
+
 def _interleaved(recipes: dict[str, str], steps: int, block: int = 5) -> dict[str, dict]:
     """Steady throughput of loaders that are all open at once, ``block`` steps of each in turn
-    (a shared machine's load drifts; taking turns spreads it evenly over the setups)."""
+    (a shared machine's load drifts; taking turns spreads it evenly over the setups).
+
+    The recipes must have ``[workers] prefetch = 0``: a prefetching loader computes up to its
+    depth (5 steps here) ahead on its own thread while another loader is timed, so the loader
+    timed first in a round got its steps for free and the other paid for both (0.25x measured
+    with local files timed first, 5x with the order swapped). Without prefetch a loader works
+    only inside its own timed span."""
     from zephon import Recipe, WorkerConfig, batch_sha256
     from zephon.recipe.runtime import RankBatches
 
     gs = {k: RankBatches(Recipe.from_toml(r), 1, None, workers=WorkerConfig(0)) for k, r in recipes.items()}
     took = dict.fromkeys(gs, 0.0)
+    full = dict.fromkeys(gs, 0)
     hashes: dict[str, list[str]] = {k: [batch_sha256(g.next_step())] for k, g in gs.items()}
     try:
         for _ in range(0, steps, block):
             for k, g in gs.items():
+                _collect()
+                full0 = gc.get_stats()[2]["collections"]
                 t0 = time.perf_counter()
                 hashes[k] += [batch_sha256(g.next_step()) for _ in range(block)]
                 took[k] += time.perf_counter() - t0
+                full[k] += gc.get_stats()[2]["collections"] - full0
     finally:
         for g in gs.values():
             g.close()
     n = len(hashes[next(iter(gs))]) - 1
     return {
-        k: {"steady_s": round(took[k], 3), "tokens_per_s": round(n * 16 * 1024 / took[k]), "hashes": hashes[k]}
+        k: {
+            "steady_s": round(took[k], 3),
+            "tokens_per_s": round(n * 16 * 1024 / took[k]),
+            "full_collections_timed": full[k],
+            "hashes": hashes[k],
+        }
         for k in gs
     }
 
@@ -216,8 +284,11 @@ def main() -> None:
                 total += os.path.getsize(os.path.join(corpus, sub, name))
         remote = f"s3://{BUCKET}/corpus"
         local_r = _recipe(corpus, os.path.join(work, "ix-local"), os.path.join(work, "local.toml"))
+        # the same recipes without prefetch, for the loaders taking turns (same batches, same index)
+        local_t = _recipe(corpus, os.path.join(work, "ix-local"), os.path.join(work, "local-turns.toml"), 0)
         s3_direct = _recipe(remote, os.path.join(work, "ix-direct"), os.path.join(work, "direct.toml"))
         s3_cached = _recipe(remote, os.path.join(work, "ix-cached"), os.path.join(work, "cached.toml"))
+        cached_t = _recipe(remote, os.path.join(work, "ix-cached"), os.path.join(work, "cached-turns.toml"), 0)
         node = os.path.join(work, "node-cache")
         counter = Bytes()
         off = {"ZEPHON_SHARD_CACHE": ""}
@@ -234,16 +305,50 @@ def main() -> None:
                 _run(s3_cached, args.steps, counter, {**on, "ZEPHON_SHARD_CACHE": node + "-2"}),
             ),
         ]
+        alone = _alternating({"local": (local_r, off), "warm": (s3_cached, on)}, args.steps, counter)
         for k, v in on.items():
             os.environ[k] = v
-        turns = _interleaved({"local": local_r, "warm": s3_cached}, args.steps)
+        turns = _interleaved({"local": local_t, "warm": cached_t}, args.steps)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    _write(rows, turns, args, cmd, time.time() - t_all, load0, total)
+    _write(rows, alone, turns, args, cmd, time.time() - t_all, load0, total)
 
 
-def _write(rows: list, turns: dict, args: argparse.Namespace, cmd: str, took: float, load0: tuple, total: int) -> None:
+def _headlines(alone: dict, turns: dict, steps: int, hashes: list[str]) -> list[str]:
+    """The report's two warm-cache-vs-local-files paragraphs (taking turns; alone, alternating);
+    ``hashes``: the local files' batches."""
+    ratio = turns["warm"]["tokens_per_s"] / turns["local"]["tokens_per_s"]
+    same = turns["warm"]["hashes"] == turns["local"]["hashes"]
+    ratio_alone = alone["warm"]["tokens_per_s"] / alone["local"]["tokens_per_s"]
+    same_alone = all(h == hashes for v in alone.values() for h in v["hashes"])
+    n_alone = len(alone["local"]["runs_tokens_per_s"])
+    return [
+        f"**Warm cache vs local files, taking turns** (both loaders open, {steps} steps each after the first, "
+        "5 steps of one then 5 of the other, with `[workers] prefetch = 0` and a full garbage collection before "
+        f"each span): local {turns['local']['tokens_per_s']:,} tokens/s, S3 with a warm cache "
+        f"{turns['warm']['tokens_per_s']:,} tokens/s: **{ratio:.2f}x** of local (target >= 0.9x); same batches: "
+        f"{'yes' if same else 'NO'}. Prefetch is off here because a prefetching loader computes up to its depth (5 "
+        "steps) ahead on its own thread while the other loader is timed: the loader timed first in each round then "
+        "got its steps for free and the other paid for both (before this change: 0.25x with local files timed "
+        "first, 5x with the order swapped, for the same per-step work).",
+        "",
+        f"**Warm cache vs local files, each alone, alternating** ({n_alone} fresh loaders of each in the order "
+        f"local, warm, warm, local, ...; {steps} steps after the first, prefetch as the recipe says; medians): "
+        f"local {alone['local']['tokens_per_s']:,} tokens/s ({alone['local']['steady_cpu_s']:.2f} s process CPU), "
+        f"S3 with a warm cache {alone['warm']['tokens_per_s']:,} tokens/s ({alone['warm']['steady_cpu_s']:.2f} s): "
+        f"**{ratio_alone:.2f}x** of local (target >= 0.9x); same batches: {'yes' if same_alone else 'NO'}. "
+        "Each run's tokens/s: local "
+        + ", ".join(f"{x:,}" for x in alone["local"]["runs_tokens_per_s"])
+        + "; warm "
+        + ", ".join(f"{x:,}" for x in alone["warm"]["runs_tokens_per_s"])
+        + ".",
+    ]
+
+
+def _write(
+    rows: list, alone: dict, turns: dict, args: argparse.Namespace, cmd: str, took: float, load0: tuple, total: int
+) -> None:
     base = rows[0][1]
     out = []
     for name, r in rows:
@@ -253,10 +358,17 @@ def _write(rows: list, turns: dict, args: argparse.Namespace, cmd: str, took: fl
     same = turns["warm"]["hashes"] == turns["local"]["hashes"]
     ratio = turns["warm"]["tokens_per_s"] / turns["local"]["tokens_per_s"]
     steady = {k: {kk: vv for kk, vv in v.items() if kk != "hashes"} for k, v in turns.items()}
+    same_alone = all(h == base["hashes"] for v in alone.values() for h in v["hashes"])
+    ratio_alone = alone["warm"]["tokens_per_s"] / alone["local"]["tokens_per_s"]
+    alone_doc = {k: {kk: vv for kk, vv in v.items() if kk != "hashes"} for k, v in alone.items()}
     res = os.path.join(HERE, "results")
     m = machine()
     doc = {"command": cmd, "machine": m, "versions": versions(), "corpus_bytes": total, "steps": args.steps}
-    doc.update(rows=out, interleaved=dict(steady, warm_vs_local=round(ratio, 3), same_batches=same))
+    doc.update(
+        rows=out,
+        alternating=dict(alone_doc, warm_vs_local=round(ratio_alone, 3), same_batches=same_alone),
+        interleaved=dict(steady, warm_vs_local=round(ratio, 3), same_batches=same),
+    )
     with open(os.path.join(res, f"{args.tag}.json"), "w") as f:
         json.dump(doc, f, indent=1)
     lines = [
@@ -271,26 +383,26 @@ def _write(rows: list, turns: dict, args: argparse.Namespace, cmd: str, took: fl
         f"{total / 1e6:.1f} MB in 9 shards (web JSONL, code Parquet, books text). One rank, 8 lanes x 2 rows of "
         f"1024 tokens per step, inline workers.",
         "",
-        f"**Warm cache vs local files, taking turns** (both loaders open, {args.steps} steps each after the first, "
-        f"5 steps of one then 5 of the other): local {turns['local']['tokens_per_s']:,} tokens/s, S3 with a warm "
-        f"cache {turns['warm']['tokens_per_s']:,} tokens/s: **{ratio:.2f}x** of local (target >= 0.9x); same "
-        f"batches: {'yes' if same else 'NO'}.",
+        *_headlines(alone, turns, args.steps, base["hashes"]),
         "",
-        "**Each setup on its own** (a fresh loader: time to the first batch includes listing, indexing, token "
-        f"estimates and the first step; tokens/s over {args.steps} steps after it, one after another, so load "
-        "drift shows). Bytes fetched: from the server (indexing streams, downloads, range reads; Parquet reads "
-        "without the cache are not counted); record bytes used: what the JSONL and text readers returned "
-        "(prepare's token estimates included).",
+        "**Each setup on its own, one after another** (a fresh loader: time to the first batch includes listing, "
+        f"indexing, token estimates and the first step; tokens/s over {args.steps} steps after it, so load drift "
+        "and the loaders run before in the process show; prefetch as the recipe says; a full garbage collection "
+        "after the loader is built, before its first step, not counted in the first batch or the process CPU; "
+        "steady CPU: the process's CPU over the timed steps). Bytes fetched: from the server (indexing streams, "
+        "downloads, range reads; Parquet reads without the cache are not counted); record bytes used: what the "
+        "JSONL and text readers returned (prepare's token estimates and the reads of steps prefetched by the "
+        "close included).",
         "",
-        "| setup | first batch (s) | tokens/s | vs local | process CPU (s) | bytes fetched | record bytes used | "
-        "downloads | started ahead | same batches as local |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| setup | first batch (s) | tokens/s | vs local | process CPU (s) | steady CPU (s) | bytes fetched | "
+        "record bytes used | downloads | started ahead | same batches as local |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in out:
         c = r["cache"] or {}
         lines.append(
             f"| {r['setup']} | {r['first_batch_s']:.2f} | {r['tokens_per_s']:,} | {r['vs_local']:.2f}x | "
-            f"{r['process_cpu_s']:.1f} | {r['bytes_fetched']:,} | {r['record_bytes_used']:,} | "
+            f"{r['process_cpu_s']:.1f} | {r['steady_cpu_s']:.2f} | {r['bytes_fetched']:,} | {r['record_bytes_used']:,} | "
             f"{c.get('downloads', '-')} | {c.get('ahead', '-')} | {'yes' if r['same_batches_as_local'] else 'NO'} |"
         )
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()), ""]
