@@ -116,14 +116,28 @@ class ShardFiles(NodeCopies, ShardStore):
         """:meth:`_read_ranges`, checked against the indexed CRC-32s: bytes from a corrupt copy in
         the node cache drop the copy and are fetched again (one warning); then :meth:`_verify`."""
         want = crcs.tolist()
-        raws = self._intact(s, lambda: self._read_ranges(s, offs, lens), lambda got: list(map(zlib.crc32, got)) == want)
-        self._verify(s, raws, crcs, locator)
+        checked: list[Any] = [None, None]  # the bytes ``ok`` checked and their CRC-32s (checksummed once)
+
+        def ok(got: list[bytes]) -> bool:
+            checked[:] = [got, list(map(zlib.crc32, got))]
+            return checked[1] == want
+
+        raws = self._intact(s, lambda: self._read_ranges(s, offs, lens), ok)
+        self._verify(s, raws, crcs, locator, checked[1] if checked[0] is raws else None)  # a re-read: again
         return raws
 
-    def _verify(self, s: int, raws: Sequence[bytes], crcs: np.ndarray, locator: Callable[[int], str]) -> None:
-        """Refuse read units whose bytes are not the ones indexed (``crcs``: their CRC-32s);
-        ``locator(k)`` names the k-th."""
-        got = list(map(zlib.crc32, raws))
+    def _verify(
+        self,
+        s: int,
+        raws: Sequence[bytes],
+        crcs: np.ndarray,
+        locator: Callable[[int], str],
+        got: list[int] | None = None,
+    ) -> None:
+        """Refuse read units whose bytes are not the ones indexed (``crcs``: their CRC-32s;
+        ``got``: the CRC-32s of ``raws`` when computed already); ``locator(k)`` names the k-th."""
+        if got is None:
+            got = list(map(zlib.crc32, raws))
         want = crcs.tolist()
         if got != want:
             bad = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)

@@ -86,7 +86,8 @@ _TOUCH_S = 5.0  # a block's last-use time is refreshed at most this often per pr
 _QUEUE_BYTES = 256 << 20  # ids waiting for the writer; more are dropped (the cache is optional)
 _CHECK_BYTES = 64 << 20  # the folder's size is checked against the cap after this many written
 _DRAIN = 1024  # queued writes the writer merges into one append per block
-_GATHER_S = 0.25  # how long the writer gathers writes before it appends them
+_GATHER_S = 0.02  # how long the writer gathers writes before it appends them (longer: fewer appends, but
+# concurrent jobs see each other's entries later and tokenize more twice: 0.25 s gave 1.41x at 4 jobs, 0.02 s 1.05x)
 
 
 def _digest(*parts: Any) -> str:
