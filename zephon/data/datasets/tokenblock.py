@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["FORMAT_VERSION", "TokenEntry", "checked_entries", "frame", "width_of"]
+__all__ = ["FORMAT_VERSION", "TokenEntry", "checked_entries", "frame", "frames", "width_of"]
 
 #: 1: framed entries (magic, block tag, record, part, parts, offset, count, width, flags, CRCs)
 FORMAT_VERSION = 1
@@ -51,6 +51,29 @@ def frame(tag: bytes, key: tuple[int, int, int], e: TokenEntry, width: int) -> b
     ids = np.asarray(e.tokens).astype(np.uint16 if width == 2 else np.uint32).tobytes()
     hdr = _HDR.pack(_MAGIC, tag, key[0], key[1], key[2], int(e.offset), len(ids) // width, width, int(e.text_part))
     return hdr + _CRC.pack(zlib.crc32(ids, zlib.crc32(hdr))) + ids
+
+
+def frames(
+    tag: bytes, items: list[tuple[tuple[int, int, int], TokenEntry]], width: int
+) -> tuple[bytes, list[tuple[tuple[int, int, int], tuple[int, int, int, int, bool, int]]]]:
+    """The bytes of ``items``' frames, one after another (as :func:`frame` makes each), and each
+    entry's place as :meth:`_Block.parse` records it, relative to the buffer's start: many small
+    entries (conversations) framed with one conversion of their ids."""
+    ids = np.concatenate([np.asarray(e.tokens) for _, e in items]).astype(np.uint16 if width == 2 else np.uint32)
+    raw = memoryview(ids.tobytes())
+    parts: list[bytes | memoryview] = []
+    places = []
+    at = pos = 0
+    for key, e in items:
+        n = len(e.tokens)
+        body = raw[at * width : (at + n) * width]
+        hdr = _HDR.pack(_MAGIC, tag, key[0], key[1], key[2], int(e.offset), n, width, int(e.text_part))
+        crc = zlib.crc32(body, zlib.crc32(hdr))
+        parts += (hdr, _CRC.pack(crc), body)
+        places.append((key, (pos + _FRAME, n, width, crc, bool(e.text_part), int(e.offset))))
+        at += n
+        pos += _FRAME + n * width
+    return b"".join(parts), places
 
 
 def _checked(
