@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from benchmarks.common import machine, run_chunks, versions  # noqa: E402
-from benchmarks.stamp import stamp_files  # noqa: E402
+from benchmarks.stamp import write_results  # noqa: E402
 
 DATA = os.path.join(HERE, ".data")
 SIZES = {
@@ -337,14 +337,9 @@ def main() -> None:
         steps=cfg["steps"],
         corpus=describe(root, tok),
     )
-    os.makedirs(a.out, exist_ok=True)
     name = "real_mix" if a.size == "default" else f"real_mix_{a.size}"
-    with open(os.path.join(a.out, name + ".json"), "w") as f:
-        json.dump({"meta": meta, "rounds": rounds}, f, indent=1, default=str)
     text = report(rounds, meta)
-    with open(os.path.join(a.out, name + ".md"), "w") as f:
-        f.write(text)
-    stamp_files(os.path.join(a.out, name + ".json"), os.path.join(a.out, name + ".md"))
+    write_results(a.out, name, {"meta": meta, "rounds": rounds}, text)
     print(text)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-__all__ = ["STAMP_LINE", "stamp", "stamp_files", "stamp_line"]
+__all__ = ["STAMP_LINE", "stamp", "stamp_files", "stamp_line", "write_results"]
 
 #: a Markdown report's stamp line (``stamp_line``)
 STAMP_LINE = re.compile(r"^_(Made at commit|Committed in) `[0-9a-f]{7,40}`")
@@ -134,6 +134,18 @@ HISTORY_COMMANDS = {
     "gpu_count": "python scripts/gpu_count_experiment.py",
     "titan_resume": "python scripts/plot_titan_resume.py",
 }
+
+
+def write_results(out: str, name: str, data: dict[str, Any], text: str) -> None:
+    """Write a benchmark's results, ``<out>/<name>.json`` (``data``) and ``<out>/<name>.md``
+    (``text``), and stamp both."""
+    os.makedirs(out, exist_ok=True)
+    base = os.path.join(out, name)
+    with open(base + ".json", "w") as f:
+        json.dump(data, f, indent=1, default=str)
+    with open(base + ".md", "w") as f:
+        f.write(text)
+    stamp_files(base + ".json", base + ".md")
 
 
 def history_stamp(json_path: str) -> dict[str, Any]:

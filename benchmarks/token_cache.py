@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from benchmarks.common import machine, versions  # noqa: E402
-from benchmarks.stamp import stamp_files  # noqa: E402
+from benchmarks.stamp import write_results  # noqa: E402
 
 DATA = os.path.join(HERE, ".data")
 TOK = os.path.join(os.path.dirname(HERE), "zephon", "data", "assets", "tokenizer")
@@ -434,14 +434,9 @@ def main() -> None:
         steps=steps,
         corpus=f"{ndocs:,} documents of CPython standard-library text ({SIZES[a.size]['mb']:g} MB), two JSONL datasets",
     )
-    os.makedirs(a.out, exist_ok=True)
     name = "token_cache" if a.size == "default" else f"token_cache_{a.size}"
-    with open(os.path.join(a.out, name + ".json"), "w") as f:
-        json.dump({"meta": meta, "results": res}, f, indent=1, default=str)
     text = report(res, meta)
-    with open(os.path.join(a.out, name + ".md"), "w") as f:
-        f.write(text)
-    stamp_files(os.path.join(a.out, name + ".json"), os.path.join(a.out, name + ".md"))
+    write_results(a.out, name, {"meta": meta, "results": res}, text)
     print(text)
 
 

@@ -12,6 +12,7 @@ import os
 
 import pytest
 from compose_fixtures import base_config, with_skips, write_compose_root
+from text_fixtures import use_token_cache_folder
 
 from zephon import Recipe, WorkerConfig, batch_sha256
 from zephon.data import token_cache
@@ -31,10 +32,7 @@ def root(tmp_path_factory):
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
-    path = tmp_path / "token-cache"
-    monkeypatch.setenv(tc.ENV_DIR, str(path))
-    monkeypatch.delenv(tc.ENV_GB, raising=False)
-    return path
+    return use_token_cache_folder(tmp_path, monkeypatch)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 import pytest
-from text_fixtures import hashes_without_token_cache, write_corpus, write_recipe
+from text_fixtures import hashes_without_token_cache, use_token_cache_folder, write_corpus, write_recipe
 
 from zephon import Recipe, WorkerConfig
 from zephon.data import TextTokenizer, token_cache
@@ -55,10 +55,7 @@ def baseline(recipe_path):
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
-    path = tmp_path / "token-cache"
-    monkeypatch.setenv(tc.ENV_DIR, str(path))
-    monkeypatch.delenv(tc.ENV_GB, raising=False)
-    return path
+    return use_token_cache_folder(tmp_path, monkeypatch)
 
 
 def blocks(folder) -> list[str]:

@@ -91,3 +91,11 @@ def hashes_without_token_cache(recipe_path: str, steps: int) -> list[str]:
     finally:
         if env is not None:
             os.environ[tc.ENV_DIR] = env
+
+
+def use_token_cache_folder(tmp_path, monkeypatch):
+    """Point ``$ZEPHON_TOKEN_CACHE`` at the test's own folder (the default cap); returns it."""
+    path = tmp_path / "token-cache"
+    monkeypatch.setenv(tc.ENV_DIR, str(path))
+    monkeypatch.delenv(tc.ENV_GB, raising=False)
+    return path
