@@ -4,7 +4,7 @@ Why: ablations read the same corpus again and again (another mixture, filter, se
 jobs at once on one node, and the tokenizer is the ceiling of a text pipeline. A document's ids
 depend only on its bytes, the tokenizer and the tokenize settings, so with ``$ZEPHON_TOKEN_CACHE``
 set to a local folder the run that tokenizes a document writes its ids there (on a background
-thread, off the critical path) and any later run or concurrent job whose key matches reads them
+thread, off the critical path: :mod:`.tokenwriter`) and any later run or concurrent job whose key matches reads them
 instead of tokenizing. A conversation's ids and assistant turns likewise depend only on its bytes,
 the renderer (tokenizer, chat template) and how the record is read (its encoder's settings key;
 entries at 32 bits, the ids then the turns' bounds). It is a setting of the node, like the shard
@@ -51,7 +51,6 @@ import fcntl
 import hashlib
 import multiprocessing.util
 import os
-import queue
 import threading
 import time
 import warnings
@@ -62,6 +61,7 @@ from .index import DatasetIndex, content_version
 from .retry import env_number
 from .tokenblock import FORMAT_VERSION, TokenEntry, _Block, checked_entries, frame, frames, width_of
 from .tokenremote import ENV_REMOTE, RemoteTier
+from .tokenwriter import GatheringWriter
 
 __all__ = [
     "BLOCK_RECORDS",
@@ -83,15 +83,7 @@ _DEFAULT_GB = 32.0
 BLOCK_RECORDS = 1024
 _BLOCKS_KEPT = 64  # block indexes (and open files) a process keeps
 _TOUCH_S = 5.0  # a block's last-use time is refreshed at most this often per process
-_QUEUE_BYTES = 256 << 20  # ids waiting for the writer; more are dropped (the cache is optional)
 _CHECK_BYTES = 64 << 20  # the folder's size is checked against the cap after this many written
-_DRAIN = 1024  # queued writes the writer merges into one append per block
-_GATHER_S = 0.02  # how long the writer gathers writes before it appends them, ...
-_GATHER_BYTES = 4 << 20  # ... unless this many bytes of ids are queued sooner
-# (longer gathering means fewer appends, but concurrent jobs see each other's entries later and
-# tokenize more twice: four concurrent cold jobs tokenized 1.04-1.11x one job's at 20 ms, 1.19-1.48x
-# at 0.25 s; a conversation's small entry costs more per token to append than a document's)
-_GATHER_TICK_S = 0.01  # how often it looks while gathering
 
 
 def _digest(*parts: Any) -> str:
@@ -111,12 +103,9 @@ class TokenCache:
         self._dir = os.path.join(self.root, "blocks")
         self._mu = threading.Lock()
         self._blocks: collections.OrderedDict[str, _Block] = collections.OrderedDict()
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._queued = 0  # bytes of ids waiting for the writer
-        self._writer: threading.Thread | None = None
+        self._writer = GatheringWriter(self._write_one)
         self._since_check = _CHECK_BYTES  # check the folder's size on the first write
         self._folders: set[str] = set()  # block folders known to exist
-        self._hurry = threading.Event()  # set while someone waits for the queue to be written
         self._warned: set[str] = set()
         self.disabled: str | None = None
         self.stats = dict.fromkeys(
@@ -305,63 +294,12 @@ class TokenCache:
         ``path``; dropped when the writer is too far behind (the cache is optional)."""
         if self.disabled is not None or not items:
             return
-        n = sum(e.tokens.size * width for _, e in items)
-        with self._mu:
-            if self._queued + n > _QUEUE_BYTES:
-                self.stats["dropped"] += len(items)
-                return
-            self._queued += n
-            if self._writer is None or not self._writer.is_alive():
-                self._writer = threading.Thread(target=self._write_loop, name="zephon-token-cache", daemon=True)
-                self._writer.start()
-        self._queue.put((path, tag, width, list(items), n))
+        if not self._writer.put(path, tag, width, list(items), sum(e.tokens.size * width for _, e in items)):
+            self.count("dropped", len(items))
 
     def flush(self, timeout_s: float = 60.0) -> bool:
         """Wait until the queued entries are written (tests, benchmarks, the end of a process)."""
-        deadline = time.monotonic() + timeout_s
-        self._hurry.set()
-        try:
-            while time.monotonic() < deadline:
-                with self._mu:
-                    if self._queued == 0 and self._queue.unfinished_tasks == 0:
-                        return True
-                time.sleep(0.005)
-            return False
-        finally:
-            self._hurry.clear()
-
-    def _write_loop(self) -> None:
-        while True:
-            got = self._gather()
-            merged: dict[tuple[str, bytes, int], list[Any]] = {}
-            for path, tag, width, items, _ in got:
-                merged.setdefault((path, tag, width), []).extend(items)
-            try:
-                for (path, tag, width), items in merged.items():
-                    self._write_one(path, tag, width, items)
-            finally:
-                with self._mu:
-                    self._queued -= sum(g[4] for g in got)
-                for _ in got:
-                    self._queue.task_done()
-
-    def _gather(self) -> list[Any]:
-        """The queued writes to append together: a run's chunks write a few blocks, so one append
-        per block (its file's open, lock, checks and write, each syscall a wait for the GIL beside
-        busy workers) serves many chunks. Gathered for :data:`_GATHER_S` (or until
-        :data:`_GATHER_BYTES` of ids); flush() cuts it short."""
-        got = [self._queue.get()]
-        nbytes = got[0][4]
-        until = time.monotonic() + _GATHER_S
-        while True:
-            with contextlib.suppress(queue.Empty):
-                while len(got) < _DRAIN and nbytes < _GATHER_BYTES:
-                    got.append(self._queue.get_nowait())
-                    nbytes += got[-1][4]
-            left = until - time.monotonic()
-            if nbytes >= _GATHER_BYTES or len(got) >= _DRAIN or left <= 0 or self._hurry.is_set():
-                return got
-            self._hurry.wait(min(left, _GATHER_TICK_S))
+        return self._writer.flush(timeout_s)
 
     def _write_one(self, path: str, tag: bytes, width: int, items: list[Any]) -> None:
         try:
