@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures as cf
 import contextlib
 import importlib.util
@@ -223,3 +224,16 @@ def machine() -> dict[str, Any]:
 def med(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
+
+
+def measured_parser(sizes: Sequence[str], out: str) -> argparse.ArgumentParser:
+    """The arguments of a benchmark that runs each measurement in its own process: ``--size``
+    (the whole benchmark), ``--one KIND`` with ``--root`` and ``--steps`` (one measurement, what
+    the benchmark spawns), ``--out`` (where results go); the benchmark adds its own."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="default", choices=sorted(sizes))
+    ap.add_argument("--one", default=None)
+    ap.add_argument("--root", default="")
+    ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--out", default=out)
+    return ap

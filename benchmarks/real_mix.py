@@ -25,7 +25,6 @@ steadier figure; wall time is listed too.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import gzip
 import json
@@ -42,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from benchmarks.common import machine, run_chunks, versions  # noqa: E402
+from benchmarks.common import machine, measured_parser, run_chunks, versions  # noqa: E402
 from benchmarks.stamp import write_results  # noqa: E402
 
 DATA = os.path.join(HERE, ".data")
@@ -301,14 +300,9 @@ def report(rounds: list[dict], meta: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", default="default", choices=sorted(SIZES))
-    ap.add_argument("--one", default=None)
-    ap.add_argument("--root", default="")
+    ap = measured_parser(SIZES, os.path.join(HERE, "results"))
     ap.add_argument("--tok", default="")
     ap.add_argument("--warmup", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=0)
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(a.one, a.root, a.tok, a.warmup, a.steps)))

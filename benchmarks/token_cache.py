@@ -21,7 +21,6 @@ exactly, as the tokens the tokenizer returned (its calls wrapped in the process)
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -36,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from benchmarks.common import machine, versions  # noqa: E402
+from benchmarks.common import machine, measured_parser, versions  # noqa: E402
 from benchmarks.stamp import write_results  # noqa: E402
 
 DATA = os.path.join(HERE, ".data")
@@ -400,14 +399,9 @@ def report(res: dict, meta: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", default="default", choices=sorted(SIZES))
-    ap.add_argument("--one", default=None)
-    ap.add_argument("--root", default="")
-    ap.add_argument("--steps", type=int, default=0)
+    ap = measured_parser(SIZES, os.path.join(HERE, "results"))
     ap.add_argument("--variant", default="")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(a.one, a.root, a.steps, a.variant, a.seed)))

@@ -17,17 +17,25 @@ from zephon.data.tokenizer import TextTokenizer
 from zephon.nodes import FetchTokenize, part_span
 from zephon.tools.demo import TOKENIZER_DIR
 
+WORDS = ["alpha", "beta", "gamma", "delta", "tokens", "lane", "part", "of", "the", "data", "loader"]
+
+
+def write_texts(path: str, texts) -> None:
+    """A JSONL file of ``texts``, one ``{"text"}`` record each."""
+    with open(path, "w") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("longdocs"))
     rng = np.random.default_rng(5)
-    words = ["alpha", "beta", "gamma", "delta", "tokens", "lane", "part", "of", "the", "data", "loader"]
-    with open(os.path.join(root, "long.jsonl"), "w") as f:
-        for i in range(40):
-            n = int(rng.integers(1500, 4000))  # words: ~15-40 parts of 132 tokens each
-            lines = [" ".join(rng.choice(words, 12)) for _ in range(n // 12)]
-            f.write(json.dumps({"text": f"document {i}\n" + "\n".join(lines)}) + "\n")
+    texts = []
+    for i in range(40):
+        n = int(rng.integers(1500, 4000))  # words: ~15-40 parts of 132 tokens each
+        texts.append(f"document {i}\n" + "\n".join(" ".join(rng.choice(WORDS, 12)) for _ in range(n // 12)))
+    write_texts(os.path.join(root, "long.jsonl"), texts)
     return root
 
 
@@ -133,10 +141,8 @@ def small_docs(tmp_path_factory):
     """1,200 documents of ~200-700 words: a chunk of 1,024 is the whole corpus."""
     root = str(tmp_path_factory.mktemp("smalldocs"))
     rng = np.random.default_rng(35)
-    words = ["alpha", "beta", "gamma", "delta", "tokens", "lane", "part", "of", "the", "data", "loader"]
-    with open(os.path.join(root, "small.jsonl"), "w") as f:
-        for i in range(1200):
-            f.write(json.dumps({"text": f"doc {i} " + " ".join(rng.choice(words, int(rng.integers(200, 700))))}) + "\n")
+    texts = [f"doc {i} " + " ".join(rng.choice(WORDS, int(rng.integers(200, 700)))) for i in range(1200)]
+    write_texts(os.path.join(root, "small.jsonl"), texts)
     return root
 
 
